@@ -1,0 +1,11 @@
+//! ccm-host: a Kubernetes cloud-controller-manager that loads cloud providers from plugins.
+//!
+//! - [`plugin`]: loading `.so` files and the provider registry (`--plugin-dir`).
+//! - [`provider`]: the selected provider as typed async calls with deadlines.
+//! - [`apiserver`]: an in-memory Kubernetes API server for tests and the sandbox.
+//! - [`cli`]: the command line.
+
+pub mod apiserver;
+pub mod cli;
+pub mod plugin;
+pub mod provider;

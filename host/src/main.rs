@@ -1,0 +1,34 @@
+use std::process::ExitCode;
+
+use ccm_host::cli::{self, Cli, Command, LogFormat};
+use ccm_provider_abi::abi::log_level;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (filter, max_level) = match cli.verbose {
+        0 => ("warn", log_level::WARN),
+        1 => ("info", log_level::INFO),
+        2 => ("debug", log_level::DEBUG),
+        _ => ("trace", log_level::TRACE),
+    };
+    let env_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(env_filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+    let result = match &cli.command {
+        Command::Plugins(args) => cli::plugins(args, max_level, &mut std::io::stdout().lock()),
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Plugin loading: every `*.so` in the plugin directories is opened, checked, and asked to
+//! register its providers — the host-side half of upstream's `RegisterCloudProvider`.
+//!
+//! A broken plugin never takes the host down by itself: it is recorded as refused with a
+//! one-line reason naming the file, and only becomes fatal if the user selected one of its
+//! providers (see [`PluginRegistry::create`]).
+
+mod loader;
+mod registrar;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ccm_provider_abi::abi::ProviderFactoryBox;
+use serde::Serialize;
+
+pub use loader::LoaderOptions;
+
+/// A plugin file that loaded and registered at least one provider.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadedPlugin {
+    /// The `.so` file.
+    pub path: PathBuf,
+    /// The plugin crate's package name.
+    pub plugin_name: String,
+    /// The plugin crate's version.
+    pub plugin_version: String,
+    /// The ccm-provider-abi version the plugin was built against.
+    pub abi_version: String,
+    /// Provider names it registered, in registration order.
+    pub providers: Vec<String>,
+}
+
+/// A plugin file that was refused, with the reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedPlugin {
+    /// The file.
+    pub path: PathBuf,
+    /// One line a user can act on.
+    pub reason: String,
+}
+
+impl fmt::Display for RefusedPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.reason)
+    }
+}
+
+/// A registered provider factory and where it came from.
+#[derive(Clone)]
+pub struct ProviderRegistration {
+    /// Registered name (the value of `--cloud-provider`).
+    pub name: String,
+    /// The plugin file that registered it.
+    pub plugin_path: PathBuf,
+    factory: Arc<ProviderFactoryBox>,
+}
+
+impl fmt::Debug for ProviderRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProviderRegistration")
+            .field("name", &self.name)
+            .field("plugin_path", &self.plugin_path)
+            .finish()
+    }
+}
+
+/// Everything found in the plugin directories.
+#[derive(Debug, Default)]
+pub struct PluginRegistry {
+    plugins: Vec<LoadedPlugin>,
+    refused: Vec<RefusedPlugin>,
+    providers: BTreeMap<String, ProviderRegistration>,
+}
+
+/// Errors that stop the host: the selected provider cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    /// A plugin directory could not be read.
+    #[error("plugin directory {path}: {reason}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// No provider has that name.
+    #[error("{0}")]
+    Unknown(String),
+    /// The provider's factory failed.
+    #[error("{0}")]
+    Factory(String),
+}
+
+impl PluginRegistry {
+    /// Load every `*.so` of every directory, each directory in sorted file-name order.
+    ///
+    /// Only an unreadable directory is an error; broken files are recorded in [`Self::refused`].
+    pub fn load_dirs(dirs: &[PathBuf], options: &LoaderOptions) -> Result<Self, SelectError> {
+        let mut registry = PluginRegistry::default();
+        for dir in dirs {
+            for file in loader::plugin_files(dir, options)? {
+                registry.load_file(&file, options);
+            }
+        }
+        Ok(registry)
+    }
+
+    /// Load one plugin file (also used for a file given directly).
+    pub fn load_file(&mut self, path: &Path, options: &LoaderOptions) {
+        let outcome = loader::load(path, options);
+        match outcome {
+            Err(reason) => {
+                tracing::error!(plugin = %path.display(), "refused plugin: {reason}");
+                self.refused.push(RefusedPlugin {
+                    path: path.to_path_buf(),
+                    reason,
+                });
+            }
+            Ok(loaded) => self.accept(loaded),
+        }
+    }
+
+    fn accept(&mut self, loaded: loader::Loaded) {
+        let path = loaded.info.path.clone();
+        let refuse = |this: &mut Self, reason: String| {
+            tracing::error!(plugin = %path.display(), "refused plugin: {reason}");
+            this.refused.push(RefusedPlugin {
+                path: path.clone(),
+                reason,
+            });
+        };
+        if loaded.registrations.is_empty() {
+            return refuse(self, "the plugin registered no providers".to_string());
+        }
+        let mut seen = Vec::new();
+        for (name, _) in &loaded.registrations {
+            if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
+                return refuse(
+                    self,
+                    format!("the plugin registered an invalid provider name {name:?} (empty or containing spaces)"),
+                );
+            }
+            if let Some(existing) = self.providers.get(name) {
+                return refuse(
+                    self,
+                    format!(
+                        "provider {name:?} is already registered by {}; remove one of the two files",
+                        existing.plugin_path.display()
+                    ),
+                );
+            }
+            if seen.contains(name) {
+                return refuse(
+                    self,
+                    format!("the plugin registered provider {name:?} twice"),
+                );
+            }
+            seen.push(name.clone());
+        }
+        let mut info = loaded.info;
+        for (name, factory) in loaded.registrations {
+            info.providers.push(name.clone());
+            self.providers.insert(
+                name.clone(),
+                ProviderRegistration {
+                    name,
+                    plugin_path: info.path.clone(),
+                    factory: Arc::new(factory),
+                },
+            );
+        }
+        tracing::info!(
+            plugin = %info.path.display(),
+            providers = ?info.providers,
+            abi = %info.abi_version,
+            "loaded plugin {} {}",
+            info.plugin_name,
+            info.plugin_version
+        );
+        self.plugins.push(info);
+    }
+
+    /// Plugins that loaded.
+    pub fn plugins(&self) -> &[LoadedPlugin] {
+        &self.plugins
+    }
+
+    /// Files that were refused.
+    pub fn refused(&self) -> &[RefusedPlugin] {
+        &self.refused
+    }
+
+    /// Every registered provider, by name.
+    pub fn providers(&self) -> impl Iterator<Item = &ProviderRegistration> {
+        self.providers.values()
+    }
+
+    /// Look up a provider by name.
+    pub fn get(&self, name: &str) -> Option<&ProviderRegistration> {
+        self.providers.get(name)
+    }
+
+    /// Build the provider `name` from its factory with the cloud config bytes
+    /// (upstream `InitCloudProvider`).
+    pub fn create(
+        &self,
+        name: &str,
+        config: Option<&[u8]>,
+        options: &crate::provider::ProviderOptions,
+    ) -> Result<crate::provider::Provider, SelectError> {
+        let Some(reg) = self.providers.get(name) else {
+            return Err(SelectError::Unknown(self.unknown_provider_message(name)));
+        };
+        crate::provider::Provider::create(
+            &reg.name,
+            &reg.plugin_path,
+            &reg.factory,
+            config,
+            options,
+        )
+        .map_err(|e| {
+            SelectError::Factory(format!(
+                "could not init cloud provider {name:?} (from {}): {e}",
+                reg.plugin_path.display()
+            ))
+        })
+    }
+
+    fn unknown_provider_message(&self, name: &str) -> String {
+        let mut msg = format!("unknown cloud provider {name:?}.");
+        if self.providers.is_empty() {
+            msg.push_str(" No plugin registered any provider.");
+        } else {
+            msg.push_str(" Available:");
+            for reg in self.providers.values() {
+                msg.push_str(&format!(
+                    " {} (from {});",
+                    reg.name,
+                    reg.plugin_path.display()
+                ));
+            }
+            msg.pop();
+            msg.push('.');
+        }
+        if !self.refused.is_empty() {
+            msg.push_str(&format!(
+                " {} plugin file(s) were refused: {}",
+                self.refused.len(),
+                self.refused
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+        }
+        msg
+    }
+}

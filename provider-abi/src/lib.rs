@@ -1,0 +1,116 @@
+//! # ccm-provider-abi
+//!
+//! The ABI-stable cloud provider interface of [ccm-host](../ccm_host/index.html) and the SDK a
+//! vendor uses to write a provider plugin: the Rust equivalent of upstream Kubernetes'
+//! `k8s.io/cloud-provider` `cloudprovider.Interface` plus `RegisterCloudProvider`.
+//!
+//! ## Writing a provider
+//! ```ignore
+//! use std::sync::Arc;
+//! use ccm_provider_abi::prelude::*;
+//!
+//! struct MyCloud;
+//! impl CloudProvider for MyCloud {
+//!     fn provider_name(&self) -> String { "mycloud".into() }
+//!     fn instances_v2(&self) -> Option<Arc<dyn InstancesV2>> { Some(Arc::new(MyInstances)) }
+//! }
+//! # struct MyInstances;
+//! # impl InstancesV2 for MyInstances { /* ... */ }
+//!
+//! fn register(r: &mut Registrar) -> ccm_provider_abi::sdk::Result<()> {
+//!     r.register("mycloud", |_config| Ok(MyCloud))
+//! }
+//! ccm_provider_abi::export_plugin!(register);
+//! ```
+//! Build it as a `cdylib` (`crate-type = ["cdylib"]`) and drop the `.so` into the host's
+//! `--plugin-dir`. Log with the [`log`] crate's macros (re-exported here): records are
+//! forwarded to the host's log with the plugin's name. Panics are caught at the boundary and
+//! reported as [`ErrorKind::PANICKED`]; plugins must keep `panic = "unwind"` (the default).
+//!
+//! ## Versioning
+//! The major version of this crate is the plugin ABI version; it is recorded in every plugin.
+//! The host accepts a plugin built against the **same major version and the same or a newer
+//! minor version** than the host itself was built with: a newer plugin may carry methods the
+//! host does not call yet (all traits are prefix types), while an older plugin lacks methods the
+//! host may call, so it is refused with "rebuild against ccm-provider-abi >= X.Y". New methods
+//! are only ever appended after a trait's `last_prefix_field`; data structs never change in a
+//! minor release. The whole upstream interface ships in 1.0, so additions should be rare.
+
+pub mod abi;
+pub mod context;
+pub mod error;
+pub mod sdk;
+pub mod types;
+
+pub use context::CallContext;
+pub use error::{ErrorKind, ProviderError};
+pub use types::{InstanceMetadata, Route, Zone};
+
+#[doc(hidden)]
+pub use abi_stable;
+pub use k8s_openapi;
+pub use log;
+
+/// The ABI version this crate defines (its package version).
+pub const ABI_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Everything a provider implementation needs.
+pub mod prelude {
+    pub use crate::context::CallContext;
+    pub use crate::error::{ErrorKind, ProviderError};
+    pub use crate::sdk::{
+        CloudProvider, Clusters, Host, Instances, InstancesV2, LoadBalancer, Registrar, Routes,
+        Zones,
+    };
+    pub use crate::types::{address_type, InstanceMetadata, Route, Zone};
+    pub use k8s_openapi::api::core::v1::{
+        LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, PortStatus, Service,
+    };
+}
+
+/// Export a provider plugin: generates the library's root module and its entry function.
+///
+/// `$register` is a `fn(&mut Registrar) -> Result<(), ProviderError>` that registers one or more
+/// named providers. The host calls it once, right after the ABI checks.
+#[macro_export]
+macro_rules! export_plugin {
+    ($register:path) => {
+        #[doc(hidden)]
+        pub fn __ccm_plugin_root_module() -> $crate::abi::PluginModule_Ref {
+            use $crate::abi_stable::prefix_type::PrefixTypeTrait;
+            $crate::abi::PluginModule {
+                plugin_name: $crate::abi_stable::std_types::RStr::from_str(env!("CARGO_PKG_NAME")),
+                plugin_version: $crate::abi_stable::std_types::RStr::from_str(env!(
+                    "CARGO_PKG_VERSION"
+                )),
+                register: __ccm_plugin_register,
+            }
+            .leak_into_prefix()
+        }
+
+        #[doc(hidden)]
+        extern "C" fn __ccm_plugin_register(
+            registrar: $crate::abi::RegistrarBox,
+        ) -> $crate::abi::AbiResult<()> {
+            $crate::sdk::__run_registration(registrar, $register)
+        }
+
+        /// abi_stable's library header (see `ccm_provider_abi::abi::ROOT_MODULE_SYMBOL`).
+        #[doc(hidden)]
+        #[allow(non_upper_case_globals)]
+        #[unsafe(no_mangle)]
+        pub static _1as_0lib_1header_0root_bmodule_bloader: $crate::abi_stable::library::LibHeader = {
+            extern "C" fn __ccm_erased_root_module() -> $crate::abi_stable::library::RootModuleResult {
+                $crate::abi_stable::library::__call_root_module_loader(__ccm_plugin_root_module)
+            }
+            // SAFETY: the constructor returns the root module of type `PluginModule_Ref`, the
+            // type named here, exactly as abi_stable's `export_root_module` attribute does.
+            unsafe {
+                $crate::abi_stable::library::LibHeader::from_constructor::<$crate::abi::PluginModule_Ref>(
+                    __ccm_erased_root_module,
+                    $crate::abi_stable::library::CheckTypeLayout::Yes,
+                )
+            }
+        };
+    };
+}

@@ -1,0 +1,722 @@
+//! The provider SDK: plain Rust traits a vendor implements, and the adapters that expose them
+//! through the ABI. Writing a provider = implement these traits + one [`crate::export_plugin!`].
+//!
+//! Every adapter method parses the JSON the host sent, calls the vendor's method inside
+//! `catch_unwind` (a panic becomes [`ErrorKind::PANICKED`](crate::ErrorKind::PANICKED), never an
+//! abort of the host), and converts the result to its ABI form.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
+};
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
+use serde::de::DeserializeOwned;
+
+use crate::abi::*;
+use crate::context::CallContext;
+use crate::error::ProviderError;
+use crate::types::{AbiRoute, InstanceMetadata, Route, Zone};
+
+/// Result of every SDK method.
+pub type Result<T, E = ProviderError> = std::result::Result<T, E>;
+
+/// Upstream `cloudprovider.Interface`. Capabilities default to "not supported".
+pub trait CloudProvider: Send + Sync + 'static {
+    /// `ProviderName`: the scheme of provider IDs this provider creates (`<name>://...`).
+    fn provider_name(&self) -> String;
+    /// `HasClusterID`: false makes the host refuse to start unless `--allow-untagged-cloud`.
+    fn has_cluster_id(&self) -> bool {
+        true
+    }
+    /// `Initialize`: called once, on the leader, before the controllers start. Keep `host` to
+    /// talk to the Kubernetes API or to learn when the host stops.
+    fn initialize(&self, _ctx: &CallContext, _host: Host) -> Result<()> {
+        Ok(())
+    }
+    /// `LoadBalancer()`.
+    fn load_balancer(&self) -> Option<Arc<dyn LoadBalancer>> {
+        None
+    }
+    /// `Instances()` (legacy).
+    fn instances(&self) -> Option<Arc<dyn Instances>> {
+        None
+    }
+    /// `InstancesV2()`: preferred over `Instances` and `Zones` when present.
+    fn instances_v2(&self) -> Option<Arc<dyn InstancesV2>> {
+        None
+    }
+    /// `Zones()` (deprecated).
+    fn zones(&self) -> Option<Arc<dyn Zones>> {
+        None
+    }
+    /// `Clusters()`.
+    fn clusters(&self) -> Option<Arc<dyn Clusters>> {
+        None
+    }
+    /// `Routes()`.
+    fn routes(&self) -> Option<Arc<dyn Routes>> {
+        None
+    }
+}
+
+/// Upstream `LoadBalancer`. Treat `service` and `nodes` as read-only.
+pub trait LoadBalancer: Send + Sync + 'static {
+    /// `GetLoadBalancer`: `Some(status)` if the load balancer exists.
+    fn get_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+    ) -> Result<Option<LoadBalancerStatus>>;
+    /// `GetLoadBalancerName`.
+    fn get_load_balancer_name(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+    ) -> Result<String>;
+    /// `EnsureLoadBalancer`: create or update; returns the status to publish. `Ok(None)` is
+    /// upstream's nil status, which the service controller reports as an error.
+    fn ensure_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<Option<LoadBalancerStatus>>;
+    /// `UpdateLoadBalancer`: update the backend host set only.
+    fn update_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<()>;
+    /// `EnsureLoadBalancerDeleted`: `Ok` if absent or deleted.
+    fn ensure_load_balancer_deleted(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+    ) -> Result<()>;
+}
+
+/// Upstream legacy `Instances`.
+pub trait Instances: Send + Sync + 'static {
+    /// `NodeAddresses`.
+    fn node_addresses(&self, ctx: &CallContext, node_name: &str) -> Result<Vec<NodeAddress>>;
+    /// `NodeAddressesByProviderID`.
+    fn node_addresses_by_provider_id(
+        &self,
+        ctx: &CallContext,
+        provider_id: &str,
+    ) -> Result<Vec<NodeAddress>>;
+    /// `InstanceID`: `Err(instance_not_found())` when the instance does not exist.
+    fn instance_id(&self, ctx: &CallContext, node_name: &str) -> Result<String>;
+    /// `InstanceType`.
+    fn instance_type(&self, ctx: &CallContext, node_name: &str) -> Result<String>;
+    /// `InstanceTypeByProviderID`.
+    fn instance_type_by_provider_id(&self, ctx: &CallContext, provider_id: &str) -> Result<String>;
+    /// `InstanceExistsByProviderID`: stopped instances still exist.
+    fn instance_exists_by_provider_id(&self, ctx: &CallContext, provider_id: &str) -> Result<bool>;
+    /// `InstanceShutdownByProviderID` (`NotImplemented` counts as "not shut down").
+    fn instance_shutdown_by_provider_id(
+        &self,
+        _ctx: &CallContext,
+        _provider_id: &str,
+    ) -> Result<bool> {
+        Err(ProviderError::not_implemented())
+    }
+    /// `CurrentNodeName` (unused by the controllers).
+    fn current_node_name(&self, _ctx: &CallContext, _hostname: &str) -> Result<String> {
+        Err(ProviderError::not_implemented())
+    }
+}
+
+/// Upstream `InstancesV2`.
+pub trait InstancesV2: Send + Sync + 'static {
+    /// `InstanceExists`: stopped instances still exist.
+    fn instance_exists(&self, ctx: &CallContext, node: &Node) -> Result<bool>;
+    /// `InstanceShutdown`.
+    fn instance_shutdown(&self, ctx: &CallContext, node: &Node) -> Result<bool>;
+    /// `InstanceMetadata`: look up by `spec.providerID` first. `Ok(None)` leaves the node
+    /// uninitialised (upstream's `(nil, nil)`).
+    fn instance_metadata(&self, ctx: &CallContext, node: &Node)
+        -> Result<Option<InstanceMetadata>>;
+}
+
+/// Upstream `Zones` (deprecated).
+pub trait Zones: Send + Sync + 'static {
+    /// `GetZoneByProviderID`.
+    fn get_zone_by_provider_id(&self, ctx: &CallContext, provider_id: &str) -> Result<Zone>;
+    /// `GetZoneByNodeName`.
+    fn get_zone_by_node_name(&self, ctx: &CallContext, node_name: &str) -> Result<Zone>;
+}
+
+/// Upstream `Clusters`.
+pub trait Clusters: Send + Sync + 'static {
+    /// `ListClusters`.
+    fn list_clusters(&self, ctx: &CallContext) -> Result<Vec<String>>;
+    /// `Master`.
+    fn master(&self, ctx: &CallContext, cluster_name: &str) -> Result<String>;
+}
+
+/// Upstream `Routes`.
+pub trait Routes: Send + Sync + 'static {
+    /// `ListRoutes`.
+    fn list_routes(&self, ctx: &CallContext, cluster_name: &str) -> Result<Vec<Route>>;
+    /// `CreateRoute`: `route.name` is ignored; `name_hint` (the node UID) may shape the name.
+    fn create_route(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        name_hint: &str,
+        route: &Route,
+    ) -> Result<()>;
+    /// `DeleteRoute`: `route` as returned by `list_routes`.
+    fn delete_route(&self, ctx: &CallContext, cluster_name: &str, route: &Route) -> Result<()>;
+}
+
+/// What the host offers at `initialize` (see [`AbiHost`]).
+pub struct Host(HostBox);
+
+impl Host {
+    /// The value of `--cluster-name`.
+    pub fn cluster_name(&self) -> String {
+        self.0.cluster_name().into_string()
+    }
+
+    /// One request to the Kubernetes API server with the host's credentials; returns the HTTP
+    /// status and body. `content_type` is used when `body` is not empty.
+    pub fn kube_request(
+        &self,
+        ctx: &CallContext,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>)> {
+        self.0
+            .kube_request(
+                ctx,
+                method.into(),
+                path.into(),
+                content_type.into(),
+                body.into(),
+            )
+            .into_result()
+            .map(|r| (r.status, r.body.into_vec()))
+    }
+
+    /// True once the host is shutting down.
+    pub fn is_stopping(&self) -> bool {
+        self.0.is_stopping()
+    }
+}
+
+/// Handed to the plugin's registration function (upstream `RegisterCloudProvider`).
+pub struct Registrar {
+    inner: RegistrarBox,
+}
+
+impl Registrar {
+    /// Path of the plugin file being loaded.
+    pub fn plugin_path(&self) -> PathBuf {
+        PathBuf::from(self.inner.plugin_path().into_string())
+    }
+
+    /// Register a provider under `name`. `factory` receives the `--cloud-config` bytes (`None`
+    /// when no config was given) and is called only if this provider is selected.
+    pub fn register<P, F>(&mut self, name: &str, factory: F) -> Result<()>
+    where
+        P: CloudProvider,
+        F: Fn(Option<&[u8]>) -> Result<P> + Send + Sync + 'static,
+    {
+        let factory = ProviderFactoryBox::from_value(FactoryAdapter(factory), TD_Opaque);
+        self.inner
+            .register_provider(name.into(), factory)
+            .into_result()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Panic and log plumbing
+// ---------------------------------------------------------------------------------------------
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Run `f`, turning a panic into a `Panicked` error named after `op`.
+pub fn guard<T>(op: &str, f: impl FnOnce() -> Result<T>) -> RResult<T, ProviderError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r.into(),
+        Err(payload) => RResult::RErr(ProviderError::panicked(format!(
+            "provider panicked in {op}: {}",
+            panic_message(payload.as_ref())
+        ))),
+    }
+}
+
+/// Like [`guard`] for methods without an error channel: a panic is logged and `fallback` returned.
+fn guard_infallible<T>(op: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(payload) => {
+            log::error!(
+                "provider panicked in {op}: {}",
+                panic_message(payload.as_ref())
+            );
+            fallback
+        }
+    }
+}
+
+static HOST_LOGGER: OnceLock<LoggerBox> = OnceLock::new();
+
+struct ForwardingLogger;
+
+fn to_level(level: log::Level) -> u8 {
+    match level {
+        log::Level::Error => log_level::ERROR,
+        log::Level::Warn => log_level::WARN,
+        log::Level::Info => log_level::INFO,
+        log::Level::Debug => log_level::DEBUG,
+        log::Level::Trace => log_level::TRACE,
+    }
+}
+
+impl log::Log for ForwardingLogger {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        if let Some(sink) = HOST_LOGGER.get() {
+            let message = record.args().to_string();
+            sink.log(
+                to_level(record.level()),
+                record.target().into(),
+                message.as_str().into(),
+            );
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn install_logging(registrar: &RegistrarBox) {
+    if HOST_LOGGER.set(registrar.logger()).is_ok() {
+        // Each plugin has its own copy of std and of the `log` facade: these calls only affect
+        // this plugin. A failure means the plugin installed its own logger, which we respect.
+        let _ = log::set_logger(&ForwardingLogger);
+        let max = match registrar.max_log_level() {
+            log_level::OFF => log::LevelFilter::Off,
+            log_level::ERROR => log::LevelFilter::Error,
+            log_level::WARN => log::LevelFilter::Warn,
+            log_level::INFO => log::LevelFilter::Info,
+            log_level::DEBUG => log::LevelFilter::Debug,
+            _ => log::LevelFilter::Trace,
+        };
+        log::set_max_level(max);
+        // Panics are caught at the boundary and returned as errors; send the panic report
+        // (with its location) to the host's log instead of the plugin's stderr.
+        std::panic::set_hook(Box::new(|info| {
+            let location = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            log::error!("panic{location}: {}", panic_message(info.payload()));
+        }));
+    }
+}
+
+#[doc(hidden)]
+pub fn __run_registration(
+    registrar: RegistrarBox,
+    register: fn(&mut Registrar) -> Result<()>,
+) -> AbiResult<()> {
+    install_logging(&registrar);
+    let mut registrar = Registrar { inner: registrar };
+    guard("plugin registration", move || register(&mut registrar))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adapters: SDK traits -> ABI traits
+// ---------------------------------------------------------------------------------------------
+
+fn parse<T: DeserializeOwned>(what: &str, json: RStr<'_>) -> Result<T> {
+    serde_json::from_str(json.as_str())
+        .map_err(|e| ProviderError::other(format!("host sent a {what} that does not parse: {e}")))
+}
+
+fn parse_nodes(nodes: RSlice<'_, RString>) -> Result<Vec<Node>> {
+    nodes.iter().map(|n| parse("Node", n.as_rstr())).collect()
+}
+
+fn addresses(v: Vec<NodeAddress>) -> RVec<crate::types::AbiNodeAddress> {
+    v.into_iter().map(Into::into).collect()
+}
+
+struct FactoryAdapter<F>(F);
+
+impl<P, F> AbiProviderFactory for FactoryAdapter<F>
+where
+    P: CloudProvider,
+    F: Fn(Option<&[u8]>) -> Result<P> + Send + Sync + 'static,
+{
+    fn create(&self, config: ROption<RSlice<'_, u8>>) -> AbiResult<CloudProviderBox> {
+        guard("provider factory", || {
+            let provider = (self.0)(config.into_option().map(|c| c.as_slice()))?;
+            Ok(CloudProviderBox::from_value(
+                ProviderAdapter(Arc::new(provider)),
+                TD_Opaque,
+            ))
+        })
+    }
+}
+
+struct ProviderAdapter<P>(Arc<P>);
+
+impl<P: CloudProvider> AbiCloudProvider for ProviderAdapter<P> {
+    fn provider_name(&self) -> RString {
+        guard_infallible("ProviderName", String::new(), || self.0.provider_name()).into()
+    }
+
+    fn has_cluster_id(&self) -> bool {
+        guard_infallible("HasClusterID", false, || self.0.has_cluster_id())
+    }
+
+    fn initialize(&self, ctx: &CallContext, host: HostBox) -> AbiResult<()> {
+        guard("Initialize", || self.0.initialize(ctx, Host(host)))
+    }
+
+    fn load_balancer(&self) -> ROption<LoadBalancerBox> {
+        guard_infallible("LoadBalancer", None, || self.0.load_balancer())
+            .map(|c| LoadBalancerBox::from_value(LbAdapter(c), TD_Opaque))
+            .into()
+    }
+
+    fn instances(&self) -> ROption<InstancesBox> {
+        guard_infallible("Instances", None, || self.0.instances())
+            .map(|c| InstancesBox::from_value(InstancesAdapter(c), TD_Opaque))
+            .into()
+    }
+
+    fn instances_v2(&self) -> ROption<InstancesV2Box> {
+        guard_infallible("InstancesV2", None, || self.0.instances_v2())
+            .map(|c| InstancesV2Box::from_value(InstancesV2Adapter(c), TD_Opaque))
+            .into()
+    }
+
+    fn zones(&self) -> ROption<ZonesBox> {
+        guard_infallible("Zones", None, || self.0.zones())
+            .map(|c| ZonesBox::from_value(ZonesAdapter(c), TD_Opaque))
+            .into()
+    }
+
+    fn clusters(&self) -> ROption<ClustersBox> {
+        guard_infallible("Clusters", None, || self.0.clusters())
+            .map(|c| ClustersBox::from_value(ClustersAdapter(c), TD_Opaque))
+            .into()
+    }
+
+    fn routes(&self) -> ROption<RoutesBox> {
+        guard_infallible("Routes", None, || self.0.routes())
+            .map(|c| RoutesBox::from_value(RoutesAdapter(c), TD_Opaque))
+            .into()
+    }
+}
+
+struct LbAdapter(Arc<dyn LoadBalancer>);
+
+impl AbiLoadBalancer for LbAdapter {
+    fn get_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        service: RStr<'_>,
+    ) -> AbiResult<ROption<crate::types::AbiLoadBalancerStatus>> {
+        guard("GetLoadBalancer", || {
+            let svc: Service = parse("Service", service)?;
+            let status = self.0.get_load_balancer(ctx, cluster_name.as_str(), &svc)?;
+            Ok(status.map(Into::into).into())
+        })
+    }
+
+    fn get_load_balancer_name(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        service: RStr<'_>,
+    ) -> AbiResult<RString> {
+        guard("GetLoadBalancerName", || {
+            let svc: Service = parse("Service", service)?;
+            Ok(self
+                .0
+                .get_load_balancer_name(ctx, cluster_name.as_str(), &svc)?
+                .into())
+        })
+    }
+
+    fn ensure_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        service: RStr<'_>,
+        nodes: RSlice<'_, RString>,
+    ) -> AbiResult<ROption<crate::types::AbiLoadBalancerStatus>> {
+        guard("EnsureLoadBalancer", || {
+            let svc: Service = parse("Service", service)?;
+            let nodes = parse_nodes(nodes)?;
+            let status = self
+                .0
+                .ensure_load_balancer(ctx, cluster_name.as_str(), &svc, &nodes)?;
+            Ok(status.map(Into::into).into())
+        })
+    }
+
+    fn update_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        service: RStr<'_>,
+        nodes: RSlice<'_, RString>,
+    ) -> AbiResult<()> {
+        guard("UpdateLoadBalancer", || {
+            let svc: Service = parse("Service", service)?;
+            let nodes = parse_nodes(nodes)?;
+            self.0
+                .update_load_balancer(ctx, cluster_name.as_str(), &svc, &nodes)
+        })
+    }
+
+    fn ensure_load_balancer_deleted(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        service: RStr<'_>,
+    ) -> AbiResult<()> {
+        guard("EnsureLoadBalancerDeleted", || {
+            let svc: Service = parse("Service", service)?;
+            self.0
+                .ensure_load_balancer_deleted(ctx, cluster_name.as_str(), &svc)
+        })
+    }
+}
+
+struct InstancesAdapter(Arc<dyn Instances>);
+
+impl AbiInstances for InstancesAdapter {
+    fn node_addresses(
+        &self,
+        ctx: &CallContext,
+        node_name: RStr<'_>,
+    ) -> AbiResult<RVec<crate::types::AbiNodeAddress>> {
+        guard("NodeAddresses", || {
+            Ok(addresses(self.0.node_addresses(ctx, node_name.as_str())?))
+        })
+    }
+
+    fn node_addresses_by_provider_id(
+        &self,
+        ctx: &CallContext,
+        provider_id: RStr<'_>,
+    ) -> AbiResult<RVec<crate::types::AbiNodeAddress>> {
+        guard("NodeAddressesByProviderID", || {
+            Ok(addresses(self.0.node_addresses_by_provider_id(
+                ctx,
+                provider_id.as_str(),
+            )?))
+        })
+    }
+
+    fn instance_id(&self, ctx: &CallContext, node_name: RStr<'_>) -> AbiResult<RString> {
+        guard("InstanceID", || {
+            Ok(self.0.instance_id(ctx, node_name.as_str())?.into())
+        })
+    }
+
+    fn instance_type(&self, ctx: &CallContext, node_name: RStr<'_>) -> AbiResult<RString> {
+        guard("InstanceType", || {
+            Ok(self.0.instance_type(ctx, node_name.as_str())?.into())
+        })
+    }
+
+    fn instance_type_by_provider_id(
+        &self,
+        ctx: &CallContext,
+        provider_id: RStr<'_>,
+    ) -> AbiResult<RString> {
+        guard("InstanceTypeByProviderID", || {
+            Ok(self
+                .0
+                .instance_type_by_provider_id(ctx, provider_id.as_str())?
+                .into())
+        })
+    }
+
+    fn instance_exists_by_provider_id(
+        &self,
+        ctx: &CallContext,
+        provider_id: RStr<'_>,
+    ) -> AbiResult<bool> {
+        guard("InstanceExistsByProviderID", || {
+            self.0
+                .instance_exists_by_provider_id(ctx, provider_id.as_str())
+        })
+    }
+
+    fn instance_shutdown_by_provider_id(
+        &self,
+        ctx: &CallContext,
+        provider_id: RStr<'_>,
+    ) -> AbiResult<bool> {
+        guard("InstanceShutdownByProviderID", || {
+            self.0
+                .instance_shutdown_by_provider_id(ctx, provider_id.as_str())
+        })
+    }
+
+    fn current_node_name(&self, ctx: &CallContext, hostname: RStr<'_>) -> AbiResult<RString> {
+        guard("CurrentNodeName", || {
+            Ok(self.0.current_node_name(ctx, hostname.as_str())?.into())
+        })
+    }
+}
+
+struct InstancesV2Adapter(Arc<dyn InstancesV2>);
+
+impl AbiInstancesV2 for InstancesV2Adapter {
+    fn instance_exists(&self, ctx: &CallContext, node: RStr<'_>) -> AbiResult<bool> {
+        guard("InstanceExists", || {
+            self.0.instance_exists(ctx, &parse("Node", node)?)
+        })
+    }
+
+    fn instance_shutdown(&self, ctx: &CallContext, node: RStr<'_>) -> AbiResult<bool> {
+        guard("InstanceShutdown", || {
+            self.0.instance_shutdown(ctx, &parse("Node", node)?)
+        })
+    }
+
+    fn instance_metadata(
+        &self,
+        ctx: &CallContext,
+        node: RStr<'_>,
+    ) -> AbiResult<ROption<crate::types::AbiInstanceMetadata>> {
+        guard("InstanceMetadata", || {
+            let md = self.0.instance_metadata(ctx, &parse("Node", node)?)?;
+            Ok(md.map(Into::into).into())
+        })
+    }
+}
+
+struct ZonesAdapter(Arc<dyn Zones>);
+
+impl AbiZones for ZonesAdapter {
+    fn get_zone_by_provider_id(
+        &self,
+        ctx: &CallContext,
+        provider_id: RStr<'_>,
+    ) -> AbiResult<crate::types::AbiZone> {
+        guard("GetZoneByProviderID", || {
+            Ok(self
+                .0
+                .get_zone_by_provider_id(ctx, provider_id.as_str())?
+                .into())
+        })
+    }
+
+    fn get_zone_by_node_name(
+        &self,
+        ctx: &CallContext,
+        node_name: RStr<'_>,
+    ) -> AbiResult<crate::types::AbiZone> {
+        guard("GetZoneByNodeName", || {
+            Ok(self
+                .0
+                .get_zone_by_node_name(ctx, node_name.as_str())?
+                .into())
+        })
+    }
+}
+
+struct ClustersAdapter(Arc<dyn Clusters>);
+
+impl AbiClusters for ClustersAdapter {
+    fn list_clusters(&self, ctx: &CallContext) -> AbiResult<RVec<RString>> {
+        guard("ListClusters", || {
+            Ok(self
+                .0
+                .list_clusters(ctx)?
+                .into_iter()
+                .map(RString::from)
+                .collect())
+        })
+    }
+
+    fn master(&self, ctx: &CallContext, cluster_name: RStr<'_>) -> AbiResult<RString> {
+        guard("Master", || {
+            Ok(self.0.master(ctx, cluster_name.as_str())?.into())
+        })
+    }
+}
+
+struct RoutesAdapter(Arc<dyn Routes>);
+
+impl AbiRoutes for RoutesAdapter {
+    fn list_routes(&self, ctx: &CallContext, cluster_name: RStr<'_>) -> AbiResult<RVec<AbiRoute>> {
+        guard("ListRoutes", || {
+            Ok(self
+                .0
+                .list_routes(ctx, cluster_name.as_str())?
+                .into_iter()
+                .map(AbiRoute::from)
+                .collect())
+        })
+    }
+
+    fn create_route(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        name_hint: RStr<'_>,
+        route: &AbiRoute,
+    ) -> AbiResult<()> {
+        guard("CreateRoute", || {
+            let route = Route::from(route.clone());
+            self.0
+                .create_route(ctx, cluster_name.as_str(), name_hint.as_str(), &route)
+        })
+    }
+
+    fn delete_route(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        route: &AbiRoute,
+    ) -> AbiResult<()> {
+        guard("DeleteRoute", || {
+            let route = Route::from(route.clone());
+            self.0.delete_route(ctx, cluster_name.as_str(), &route)
+        })
+    }
+}
+
+// Keep RBox in the public signature set used by the macro.
+#[doc(hidden)]
+pub type __RBox<T> = RBox<T>;
