@@ -1,1 +1,80 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: where cargo put the plugin `.so` files, and plugin
+//! directories assembled from them.
+
+use std::path::{Path, PathBuf};
+
+/// Path of a cdylib built by cargo for this test run, by library name
+/// (e.g. `ccm_provider_fake`). Plugin crates are dev-dependencies of this crate, so
+/// `cargo test` builds them next to the test binaries (`target/<profile>/deps`).
+pub fn built_plugin(lib_name: &str) -> PathBuf {
+    let file = format!("lib{lib_name}.so");
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("test binary directory");
+    for dir in [deps, deps.parent().unwrap_or(deps)] {
+        let candidate = dir.join(&file);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "{file} was not built next to {}; run the tests with `cargo test --workspace`",
+        deps.display()
+    );
+}
+
+/// A fresh plugin directory holding copies of built plugins under chosen file names.
+pub struct PluginDir {
+    dir: tempfile::TempDir,
+}
+
+impl PluginDir {
+    /// An empty directory (mode 0700, owned by the current user).
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    /// Copy the built plugin `lib_name` into the directory as `file_name`.
+    pub fn with(self, lib_name: &str, file_name: &str) -> Self {
+        self.add(lib_name, file_name);
+        self
+    }
+
+    /// Copy the built plugin `lib_name` into the directory as `file_name`; returns its path.
+    pub fn add(&self, lib_name: &str, file_name: &str) -> PathBuf {
+        let dest = self.dir.path().join(file_name);
+        std::fs::copy(built_plugin(lib_name), &dest).expect("copy plugin");
+        dest
+    }
+
+    /// Write arbitrary bytes as `file_name`; returns its path.
+    pub fn write(&self, file_name: &str, bytes: &[u8]) -> PathBuf {
+        let dest = self.dir.path().join(file_name);
+        std::fs::write(&dest, bytes).expect("write file");
+        dest
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Default for PluginDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The library names of the plugins built by this workspace.
+pub mod libs {
+    /// The fake provider (`fake`, `fake-v1`).
+    pub const FAKE: &str = "ccm_provider_fake";
+    /// The misbehaving fixture (behaviour chosen by file name).
+    pub const MISBEHAVING: &str = "ccm_fixture_misbehaving";
+    /// A plugin built against another interface layout.
+    pub const ABI_MISMATCH: &str = "ccm_fixture_abi_mismatch";
+    /// A shared library that is not a plugin.
+    pub const NOT_A_PLUGIN: &str = "ccm_fixture_not_a_plugin";
+}

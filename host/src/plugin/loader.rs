@@ -2,7 +2,6 @@
 //! checks, then the plugin's `register` entry function.
 
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -185,16 +184,75 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
     })
 }
 
+/// Validate the ELF header and program headers before `dlopen`: the dynamic loader maps
+/// segments straight from the file, so a truncated library would crash the host with SIGBUS
+/// instead of failing cleanly.
 fn check_elf(path: &Path) -> Result<(), String> {
-    let mut magic = [0u8; 4];
-    let mut file = fs::File::open(path).map_err(|e| format!("cannot open the file: {e}"))?;
-    match file.read_exact(&mut magic) {
-        Ok(()) if magic == *b"\x7fELF" => Ok(()),
-        Ok(()) => Err("is not a ccm-host provider plugin (not an ELF shared library)".into()),
-        Err(_) => {
-            Err("is not a ccm-host provider plugin (file too short to be a shared library)".into())
+    let bytes = fs::read(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    check_elf_bytes(&bytes).map_err(|why| format!("is not a ccm-host provider plugin ({why})"))
+}
+
+fn check_elf_bytes(b: &[u8]) -> Result<(), String> {
+    const HEADER: usize = 64;
+    if b.len() < 4 || &b[..4] != b"\x7fELF" {
+        return Err(if b.len() < 4 {
+            "file too short to be a shared library".into()
+        } else {
+            "not an ELF shared library".into()
+        });
+    }
+    if b.len() < HEADER {
+        return Err("file too short to be a shared library".into());
+    }
+    if b[4] != 2 || b[5] != 1 {
+        return Err("not a 64-bit little-endian ELF file".into());
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u64_at = |o: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[o..o + 8]);
+        u64::from_le_bytes(a)
+    };
+    let e_type = u16_at(16);
+    if e_type != 3 {
+        return Err(format!("not a shared library (ELF type {e_type})"));
+    }
+    let machine = u16_at(18);
+    let expected = if cfg!(target_arch = "x86_64") {
+        Some(62)
+    } else if cfg!(target_arch = "aarch64") {
+        Some(183)
+    } else {
+        None
+    };
+    if let Some(expected) = expected {
+        if machine != expected {
+            return Err(format!(
+                "built for another CPU architecture (ELF machine {machine}, this host needs {expected})"
+            ));
         }
     }
+    let len = b.len() as u64;
+    let (phoff, phentsize, phnum) = (u64_at(32), u64::from(u16_at(54)), u64::from(u16_at(56)));
+    let table_end = phoff.checked_add(phentsize.saturating_mul(phnum));
+    if phentsize < 56 || table_end.is_none_or(|end| end > len) {
+        return Err(format!(
+            "truncated or corrupt: program headers lie outside the {len}-byte file"
+        ));
+    }
+    for i in 0..phnum {
+        let ph =
+            usize::try_from(phoff + i * phentsize).map_err(|_| "corrupt program header offset")?;
+        let p_type = u32::from_le_bytes([b[ph], b[ph + 1], b[ph + 2], b[ph + 3]]);
+        let (offset, filesz) = (u64_at(ph + 8), u64_at(ph + 32));
+        if p_type == 1 && offset.checked_add(filesz).is_none_or(|end| end > len) {
+            return Err(format!(
+                "truncated: a loadable segment ends at byte {} but the file has {len} bytes",
+                offset.saturating_add(filesz)
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn dl_reason(e: &libloading::Error) -> String {
@@ -276,6 +334,32 @@ mod tests {
         );
         assert!(check_version("2.0.0").is_err());
         assert!(check_version("garbage").unwrap_err().contains("unparsable"));
+    }
+
+    #[test]
+    fn elf_checks_reject_garbage_before_dlopen() {
+        assert_eq!(
+            check_elf_bytes(b"hello world").unwrap_err(),
+            "not an ELF shared library"
+        );
+        assert_eq!(
+            check_elf_bytes(b"\x7fEL").unwrap_err(),
+            "file too short to be a shared library"
+        );
+        let mut header = vec![0u8; 64];
+        header[..4].copy_from_slice(b"\x7fELF");
+        header[4] = 1;
+        assert_eq!(
+            check_elf_bytes(&header).unwrap_err(),
+            "not a 64-bit little-endian ELF file"
+        );
+        header[4] = 2;
+        header[5] = 1;
+        header[16] = 2; // ET_EXEC
+        assert_eq!(
+            check_elf_bytes(&header).unwrap_err(),
+            "not a shared library (ELF type 2)"
+        );
     }
 
     #[test]

@@ -1,0 +1,342 @@
+//! The real loader on real `.so` files: good plugins, several at once, and every bad input.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ccm_host::plugin::{LoaderOptions, PluginRegistry, SelectError};
+use ccm_host::provider::ProviderOptions;
+use ccm_integration_tests::{built_plugin, libs, PluginDir};
+use ccm_provider_abi::ErrorKind;
+use k8s_openapi::api::core::v1::Node;
+
+fn load(dir: &Path) -> PluginRegistry {
+    PluginRegistry::load_dirs(&[dir.to_path_buf()], &LoaderOptions::default())
+        .expect("directory loads")
+}
+
+fn refused_reason(registry: &PluginRegistry, file: &str) -> String {
+    let r = registry
+        .refused()
+        .iter()
+        .find(|r| r.path.file_name().is_some_and(|n| n == file))
+        .unwrap_or_else(|| panic!("{file} was not refused; refused: {:?}", registry.refused()));
+    assert!(
+        !r.reason.contains('\n'),
+        "reason must be one line: {:?}",
+        r.reason
+    );
+    r.reason.clone()
+}
+
+fn provider_names(registry: &PluginRegistry) -> Vec<String> {
+    registry.providers().map(|p| p.name.clone()).collect()
+}
+
+fn node(name: &str) -> Node {
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+}
+
+#[test]
+fn fake_plugin_registers_two_providers() {
+    let dir = PluginDir::new().with(libs::FAKE, "fake.so");
+    let registry = load(dir.path());
+    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
+    assert_eq!(provider_names(&registry), ["fake", "fake-v1"]);
+    let plugin = &registry.plugins()[0];
+    assert_eq!(plugin.plugin_name, "ccm-provider-fake");
+    assert_eq!(plugin.abi_version, ccm_provider_abi::ABI_VERSION);
+    assert_eq!(plugin.providers, ["fake", "fake-v1"]);
+
+    let fake = registry
+        .create("fake", None, &ProviderOptions::default())
+        .expect("fake builds");
+    assert_eq!(fake.provider_name(), "fake");
+    assert!(fake.capabilities().instances_v2);
+    let legacy = registry
+        .create("fake-v1", None, &ProviderOptions::default())
+        .expect("fake-v1 builds");
+    assert!(!legacy.capabilities().instances_v2);
+    assert!(legacy.capabilities().instances);
+}
+
+#[test]
+fn two_plugin_files_load_side_by_side() {
+    let dir = PluginDir::new()
+        .with(libs::FAKE, "10-fake.so")
+        .with(libs::MISBEHAVING, "20-other.so");
+    let registry = load(dir.path());
+    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
+    assert_eq!(registry.plugins().len(), 2);
+    let mut names = provider_names(&registry);
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "factory-error",
+            "factory-panic",
+            "fake",
+            "fake-v1",
+            "misbehaving"
+        ]
+    );
+    assert_eq!(
+        registry
+            .get("misbehaving")
+            .unwrap()
+            .plugin_path
+            .file_name()
+            .unwrap(),
+        "20-other.so"
+    );
+}
+
+#[test]
+fn files_that_are_not_plugins_are_refused_with_the_reason() {
+    let dir = PluginDir::new();
+    dir.write("text.so", b"this is not a shared library");
+    dir.write("short.so", b"\x7fEL");
+    let real = std::fs::read(built_plugin(libs::FAKE)).unwrap();
+    dir.write("truncated.so", &real[..4096]);
+    dir.add(libs::NOT_A_PLUGIN, "libnot-a-plugin.so");
+    dir.write("README.txt", b"ignored: not a .so");
+    let registry = load(dir.path());
+    assert!(registry.plugins().is_empty());
+    assert_eq!(registry.refused().len(), 4, "{:?}", registry.refused());
+    assert!(refused_reason(&registry, "text.so")
+        .contains("is not a ccm-host provider plugin (not an ELF shared library)"));
+    assert!(refused_reason(&registry, "short.so")
+        .contains("is not a ccm-host provider plugin (file too short"));
+    let truncated = refused_reason(&registry, "truncated.so");
+    assert!(
+        truncated.contains("is not a ccm-host provider plugin"),
+        "{truncated}"
+    );
+    let not_plugin = refused_reason(&registry, "libnot-a-plugin.so");
+    assert!(
+        not_plugin.contains("is not a ccm-host provider plugin (it exports no plugin root module"),
+        "{not_plugin}"
+    );
+}
+
+#[test]
+fn abi_incompatible_plugin_is_refused_with_one_line() {
+    let dir = PluginDir::new()
+        .with(libs::ABI_MISMATCH, "old.so")
+        .with(libs::FAKE, "fake.so");
+    let registry = load(dir.path());
+    let reason = refused_reason(&registry, "old.so");
+    assert!(
+        reason.starts_with("its plugin interface does not match this host ("),
+        "{reason}"
+    );
+    assert!(
+        reason.ends_with("rebuild it against ccm-provider-abi >= 1.0"),
+        "{reason}"
+    );
+    assert!(
+        reason.len() < 500,
+        "only the useful tail of abi_stable's report: {reason}"
+    );
+    // A broken plugin that is not selected does not stop the others.
+    assert_eq!(provider_names(&registry), ["fake", "fake-v1"]);
+}
+
+#[test]
+fn registration_problems_name_the_files() {
+    let dir = PluginDir::new()
+        .with(libs::FAKE, "a-fake.so")
+        .with(libs::MISBEHAVING, "b-duplicate.so")
+        .with(libs::MISBEHAVING, "c-empty-name.so")
+        .with(libs::MISBEHAVING, "d-panic-in-register.so")
+        .with(libs::MISBEHAVING, "e-registers-nothing.so");
+    let registry = load(dir.path());
+    let dup = refused_reason(&registry, "b-duplicate.so");
+    assert!(
+        dup.contains("provider \"fake\" is already registered by"),
+        "{dup}"
+    );
+    assert!(dup.contains("a-fake.so"), "names the first file: {dup}");
+    assert!(refused_reason(&registry, "c-empty-name.so").contains("invalid provider name \"\""));
+    let panic = refused_reason(&registry, "d-panic-in-register.so");
+    assert_eq!(
+        panic,
+        "its register function failed: provider panicked in plugin registration: fixture panic in register"
+    );
+    assert!(refused_reason(&registry, "e-registers-nothing.so").contains("registered no providers"));
+    assert_eq!(provider_names(&registry), ["fake", "fake-v1"]);
+}
+
+#[test]
+fn unknown_provider_lists_what_is_available() {
+    let dir = PluginDir::new().with(libs::FAKE, "fake.so");
+    dir.write("junk.so", b"junk");
+    let registry = load(dir.path());
+    let err = registry
+        .create("aws", None, &ProviderOptions::default())
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, SelectError::Unknown(_)));
+    assert!(
+        msg.starts_with("unknown cloud provider \"aws\". Available: fake (from "),
+        "{msg}"
+    );
+    assert!(msg.contains("fake-v1 (from "), "{msg}");
+    assert!(
+        msg.contains("junk.so: is not a ccm-host provider plugin"),
+        "mentions refused files: {msg}"
+    );
+}
+
+#[test]
+fn factory_errors_and_panics_are_reported() {
+    let dir = PluginDir::new().with(libs::MISBEHAVING, "m.so");
+    let registry = load(dir.path());
+    let err = registry
+        .create("factory-error", Some(b"x: 1"), &ProviderOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, SelectError::Factory(_)));
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("could not init cloud provider \"factory-error\" (from "),
+        "{msg}"
+    );
+    assert!(
+        msg.ends_with("m.so): missing field `region` at line 1"),
+        "{msg}"
+    );
+    let msg = registry
+        .create("factory-panic", None, &ProviderOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("provider panicked in provider factory: fixture panic in factory"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn insecure_files_and_directories_are_refused_unless_allowed() {
+    let dir = PluginDir::new();
+    let plugin = dir.add(libs::FAKE, "fake.so");
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let registry = load(dir.path());
+    let reason = refused_reason(&registry, "fake.so");
+    assert!(
+        reason.contains("writable by group or others (mode 666)"),
+        "{reason}"
+    );
+    assert!(reason.contains("--allow-insecure-plugins"), "{reason}");
+
+    let allowed = PluginRegistry::load_dirs(
+        &[dir.path().to_path_buf()],
+        &LoaderOptions {
+            allow_insecure: true,
+            ..LoaderOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(provider_names(&allowed), ["fake", "fake-v1"]);
+
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = PluginRegistry::load_dirs(&[dir.path().to_path_buf()], &LoaderOptions::default())
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("is writable by group or others (mode 777)"),
+        "{msg}"
+    );
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+
+    let missing = PluginRegistry::load_dirs(&[dir.path().join("nope")], &LoaderOptions::default())
+        .unwrap_err();
+    assert!(
+        missing.to_string().contains("No such file or directory"),
+        "{missing}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_method_returns_panicked_and_the_host_keeps_running() {
+    let dir = PluginDir::new().with(libs::MISBEHAVING, "m.so");
+    let registry = load(dir.path());
+    let provider = registry
+        .create("misbehaving", None, &ProviderOptions::default())
+        .unwrap();
+    let err = provider.instance_exists(&node("n1")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PANICKED);
+    assert_eq!(
+        err.to_string(),
+        "provider panicked in InstanceExists: fixture panic for node Some(\"n1\")"
+    );
+    // The same provider keeps answering after the panic.
+    let md = provider
+        .instance_metadata(&node("n1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(md.provider_id, "misbehaving://n1");
+    assert_eq!(
+        provider
+            .instance_exists(&node("n2"))
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::PANICKED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_method_times_out_and_the_plugin_sees_the_cancellation() {
+    let dir = PluginDir::new();
+    let plugin = dir.add(libs::MISBEHAVING, "hang.so");
+    let registry = load(dir.path());
+    let options = ProviderOptions {
+        call_timeout: Duration::from_millis(200),
+    };
+    let provider = registry.create("misbehaving", None, &options).unwrap();
+    let err = provider.instance_shutdown(&node("n1")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DEADLINE_EXCEEDED);
+    assert_eq!(
+        err.to_string(),
+        "InstanceShutdown did not return within 200ms"
+    );
+    // The plugin polls its context and records what it saw once the host cancels.
+    let marker = plugin.with_extension("so.cancel-observed");
+    let waited = Instant::now();
+    while !marker.exists() && waited.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(&marker).expect("plugin saw the cancellation"),
+        "cancelled"
+    );
+}
+
+#[test]
+fn plugins_command_lists_providers_capabilities_and_refusals() {
+    let dir = PluginDir::new().with(libs::FAKE, "fake.so");
+    dir.write("junk.so", b"junk");
+    let args = ccm_host::cli::PluginsArgs {
+        plugins: ccm_host::cli::PluginDirArgs {
+            plugin_dirs: vec![dir.path().to_path_buf()],
+            allow_insecure_plugins: false,
+        },
+        output: ccm_host::cli::OutputFormat::Json,
+    };
+    let mut out = Vec::new();
+    let code = ccm_host::cli::plugins(&args, 2, &mut out).unwrap();
+    assert_eq!(code, 0);
+    let listing: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let providers = &listing["plugins"][0]["providers"];
+    assert_eq!(providers[0]["name"], "fake");
+    assert_eq!(providers[0]["capabilities"]["instancesV2"], true);
+    assert_eq!(providers[1]["name"], "fake-v1");
+    assert_eq!(providers[1]["capabilities"]["instancesV2"], false);
+    assert_eq!(listing["plugins"][0]["abiVersion"], "1.0.0");
+    assert!(listing["refused"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("not an ELF"));
+}
