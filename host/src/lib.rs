@@ -7,5 +7,11 @@
 
 pub mod apiserver;
 pub mod cli;
+pub mod controllers;
+pub mod events;
+pub mod informer;
+pub mod metrics;
+pub mod patches;
 pub mod plugin;
 pub mod provider;
+pub mod workqueue;

@@ -1,0 +1,96 @@
+//! The cloud controllers, one module each, and what they share.
+//!
+//! | module | canonical name | alias |
+//! |---|---|---|
+//! | `node` | `cloud-node-controller` | `cloud-node` |
+//! | `node_lifecycle` | `cloud-node-lifecycle-controller` | `cloud-node-lifecycle` |
+//! | `service` | `service-lb-controller` | `service` |
+//! | `route` | `node-route-controller` | `route` |
+//!
+//! Every controller is started with a [`ControllerContext`] and runs until its `stop` token is
+//! cancelled. Controllers read Nodes and Services from the shared informers (one watch each),
+//! call the provider only through [`crate::provider::Provider`], and write through
+//! [`crate::patches`] and [`crate::events`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use tokio_util::sync::CancellationToken;
+
+use crate::events::EventRecorder;
+use crate::informer::SharedInformer;
+use crate::metrics::Metrics;
+use crate::provider::Provider;
+
+/// Settings of the controllers (the controller flags of `ccm-host run`).
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// `--cluster-name` (default `kubernetes`), passed to every LB and route call.
+    pub cluster_name: String,
+    /// `--node-monitor-period` (default 5s): lifecycle controller period.
+    pub node_monitor_period: Duration,
+    /// `--node-status-update-frequency` (default 5m): node address loop period.
+    pub node_status_update_frequency: Duration,
+    /// `--concurrent-node-syncs`: node initialisation workers (must be > 0).
+    pub concurrent_node_syncs: usize,
+    /// `--concurrent-node-status-updates` (0 = use `concurrent_node_syncs`).
+    pub concurrent_node_status_updates: usize,
+    /// `--concurrent-service-syncs`: service workers and node-sync fan-out (must be > 0).
+    pub concurrent_service_syncs: usize,
+    /// `--route-reconciliation-period` (default 10s).
+    pub route_reconciliation_period: Duration,
+    /// `--load-balancer-class` (repeatable): classes this host also handles.
+    pub load_balancer_classes: Vec<String>,
+    /// `--ignore-classless-services`: leave services without a class to another controller.
+    pub ignore_classless_services: bool,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            cluster_name: "kubernetes".into(),
+            node_monitor_period: Duration::from_secs(5),
+            node_status_update_frequency: Duration::from_secs(300),
+            concurrent_node_syncs: 1,
+            concurrent_node_status_updates: 0,
+            concurrent_service_syncs: 1,
+            route_reconciliation_period: Duration::from_secs(10),
+            load_balancer_classes: Vec::new(),
+            ignore_classless_services: false,
+        }
+    }
+}
+
+/// Everything a controller needs. Cheap to clone.
+#[derive(Clone)]
+pub struct ControllerContext {
+    /// API client.
+    pub client: kube::Client,
+    /// The selected provider.
+    pub provider: Provider,
+    /// Shared node cache and changes.
+    pub nodes: SharedInformer<Node>,
+    /// Shared service cache and changes.
+    pub services: SharedInformer<Service>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Settings.
+    pub config: Arc<ControllerConfig>,
+    /// Reported as the events' source host.
+    pub host_identity: String,
+    /// Cancelled on shutdown or leadership loss.
+    pub stop: CancellationToken,
+}
+
+impl ControllerContext {
+    /// An event recorder for `component`.
+    pub fn recorder(&self, component: &str) -> EventRecorder {
+        EventRecorder::new(self.client.clone(), component, &self.host_identity)
+    }
+}
+
+/// Why a controller was not started (upstream logs these and skips the controller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotStarted(pub String);

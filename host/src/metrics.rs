@@ -1,0 +1,114 @@
+//! Prometheus metrics with upstream names (spec §3.5), in one registry served at `/metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels of `running_managed_controllers`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    /// Short controller name (`cloud-node`, `service`, ...).
+    pub name: String,
+    /// Always `cloud-controller-manager`.
+    pub manager: String,
+}
+
+/// Every metric the controllers update.
+pub struct Metrics {
+    /// `running_managed_controllers{name,manager}`.
+    pub running_managed_controllers: Family<ControllerLabels, Gauge>,
+    /// `node_controller_cloud_provider_taint_removal_delay_seconds`.
+    pub node_taint_removal_delay: Histogram,
+    /// `node_controller_initial_node_sync_delay_seconds`.
+    pub node_initial_sync_delay: Histogram,
+    /// `service_controller_loadbalancer_sync_total`.
+    pub service_lb_sync_total: Counter,
+    /// `service_controller_nodesync_error_total`.
+    pub service_nodesync_error_total: Counter,
+    /// `service_controller_nodesync_latency_seconds`.
+    pub service_nodesync_latency: Histogram,
+    /// `service_controller_update_loadbalancer_host_latency_seconds`.
+    pub service_update_lb_host_latency: Histogram,
+    /// `route_controller_route_sync_total`.
+    pub route_sync_total: Counter,
+}
+
+impl Metrics {
+    /// Create the metrics and register them in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let node_buckets = || Histogram::new([1.0, 4.0, 16.0, 64.0, 256.0, 1024.0]);
+        let service_buckets = || Histogram::new(exponential_buckets(1.0, 2.0, 15));
+        let m = Self {
+            running_managed_controllers: Family::default(),
+            node_taint_removal_delay: node_buckets(),
+            node_initial_sync_delay: node_buckets(),
+            service_lb_sync_total: Counter::default(),
+            service_nodesync_error_total: Counter::default(),
+            service_nodesync_latency: service_buckets(),
+            service_update_lb_host_latency: service_buckets(),
+            route_sync_total: Counter::default(),
+        };
+        registry.register(
+            "running_managed_controllers",
+            "Indicates where instances of a controller are currently running",
+            m.running_managed_controllers.clone(),
+        );
+        registry.register(
+            "node_controller_cloud_provider_taint_removal_delay_seconds",
+            "Number of seconds after node creation when NodeController removed the cloud-provider taint of a single node",
+            m.node_taint_removal_delay.clone(),
+        );
+        registry.register(
+            "node_controller_initial_node_sync_delay_seconds",
+            "Number of seconds after node creation when NodeController finished the initial synchronization of a single node",
+            m.node_initial_sync_delay.clone(),
+        );
+        // prometheus-client appends `_total` to counters itself.
+        registry.register(
+            "service_controller_loadbalancer_sync",
+            "A metric counting the amount of times any load balancer has been configured, as an effect of service/node changes on the cluster",
+            m.service_lb_sync_total.clone(),
+        );
+        registry.register(
+            "service_controller_nodesync_error",
+            "A metric counting the amount of times any load balancer has been configured and errored, as an effect of node changes on the cluster",
+            m.service_nodesync_error_total.clone(),
+        );
+        registry.register(
+            "service_controller_nodesync_latency_seconds",
+            "A metric measuring the latency for nodesync which updates loadbalancer hosts on cluster node updates",
+            m.service_nodesync_latency.clone(),
+        );
+        registry.register(
+            "service_controller_update_loadbalancer_host_latency_seconds",
+            "A metric measuring the latency for updating each load balancer hosts",
+            m.service_update_lb_host_latency.clone(),
+        );
+        registry.register(
+            "route_controller_route_sync",
+            "A metric counting the amount of times routes have been synced with the cloud provider",
+            m.route_sync_total.clone(),
+        );
+        m
+    }
+
+    /// Set `running_managed_controllers{name}` to 1 (started) or 0 (stopped).
+    pub fn set_running(&self, short_name: &str, running: bool) {
+        self.running_managed_controllers
+            .get_or_create(&ControllerLabels {
+                name: short_name.to_string(),
+                manager: "cloud-controller-manager".to_string(),
+            })
+            .set(i64::from(running));
+    }
+}
+
+/// Render `registry` in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
