@@ -12,6 +12,11 @@
 //! call the provider only through [`crate::provider::Provider`], and write through
 //! [`crate::patches`] and [`crate::events`].
 
+pub mod node;
+pub mod node_lifecycle;
+pub mod route;
+pub mod service;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,0 +1,1 @@
+//! In progress: see controllers/mod.rs for the list of controllers.
