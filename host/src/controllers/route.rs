@@ -1,1 +1,612 @@
-//! In progress: see controllers/mod.rs for the list of controllers.
+//! The route controller (canonical `node-route-controller`, alias `route`): makes the cloud's
+//! pod-network routes match the nodes' `spec.podCIDRs` and reports the result in each node's
+//! `NetworkUnavailable` condition (`../shared/spec/upstream-behavior.md` §2.4).
+//!
+//! Triggers (beyond upstream's default timer-only mode, like its alpha watch mode): node add,
+//! delete, podCIDRs change or address change start a reconcile at once, but never more than one
+//! per `--route-reconciliation-period`; a full pass also runs every period when nothing
+//! happens, so drift in the cloud is repaired.
+//!
+//! Deliberate difference from upstream (spec §6): an empty or invalid `--cluster-cidr` while
+//! routes are enabled is a clear start-up error naming the flag and how to turn routes off,
+//! instead of a crash.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ccm_provider_abi::{ProviderError, Route};
+use futures::future::join_all;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::{broadcast, Semaphore};
+
+use super::{ControllerContext, NotStarted};
+use crate::events::{node_ref, EventRecorder, EventType};
+use crate::informer::Change;
+use crate::patches::patch_node_condition;
+
+/// Canonical controller name.
+pub const NAME: &str = "node-route-controller";
+/// Alias.
+pub const ALIAS: &str = "route";
+/// Event source component (upstream spells it with an underscore).
+pub const COMPONENT: &str = "route_controller";
+/// Upstream's bound on concurrent cloud route calls.
+const MAX_CONCURRENT_ROUTE_CALLS: usize = 200;
+
+/// Parse `--cluster-cidr` as upstream does: the whole value is trimmed, split on `,` (elements
+/// are not trimmed), at most two CIDRs, and two only as one IPv4 plus one IPv6.
+pub fn parse_cluster_cidrs(value: &str) -> Result<Vec<IpNet>, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err("--cluster-cidr is empty".into());
+    }
+    let mut cidrs = Vec::new();
+    for part in value.split(',') {
+        let net: IpNet = part
+            .parse()
+            .map_err(|e| format!("--cluster-cidr: invalid CIDR {part:?}: {e}"))?;
+        cidrs.push(net);
+    }
+    match cidrs.as_slice() {
+        [_] => Ok(cidrs),
+        [a, b] if a.addr().is_ipv4() != b.addr().is_ipv4() => Ok(cidrs),
+        [_, _] => Err(format!(
+            "--cluster-cidr {value:?} is not configured as dual stack: two CIDRs must be one IPv4 and one IPv6"
+        )),
+        _ => Err(format!("--cluster-cidr {value:?}: at most two CIDRs (one IPv4, one IPv6) are allowed")),
+    }
+}
+
+/// Start conditions (evaluated at start-up): routes configured, provider supports Routes, and a
+/// valid cluster CIDR. `Err(Ok(NotStarted))` = skipped, `Err(Err(msg))` = fatal start error.
+pub fn check(
+    ctx: &ControllerContext,
+    configure_cloud_routes: bool,
+    cluster_cidr: &str,
+) -> Result<Vec<IpNet>, Result<NotStarted, String>> {
+    if !configure_cloud_routes {
+        return Err(Ok(NotStarted(
+            "--configure-cloud-routes is set to false".into(),
+        )));
+    }
+    if !ctx.provider.capabilities().routes {
+        return Err(Ok(NotStarted(
+            "the cloud provider does not support routes".into(),
+        )));
+    }
+    parse_cluster_cidrs(cluster_cidr).map_err(|e| {
+        Err(format!(
+            "the route controller needs the pod network range: {e}. Set --cluster-cidr (e.g. \
+             10.244.0.0/16 or 10.244.0.0/16,fd00:10:244::/56), or turn routes off with \
+             --configure-cloud-routes=false or --controllers=*,-route"
+        ))
+    })
+}
+
+/// Whether a node change should trigger a reconcile (upstream's watch-mode predicate).
+pub fn should_reconcile(change: &Change<Node>) -> bool {
+    match change {
+        Change::Added(_) | Change::Deleted(_) => true,
+        Change::Updated { old, new } => {
+            let cidrs = |n: &Node| n.spec.as_ref().and_then(|s| s.pod_cidrs.clone());
+            let addrs = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
+            cidrs(old) != cidrs(new)
+                || addrs(old) != addrs(new)
+                || old.metadata.resource_version == new.metadata.resource_version
+        }
+    }
+}
+
+/// Run until `ctx.stop` is cancelled.
+pub async fn run(ctx: ControllerContext, cluster_cidrs: Vec<IpNet>) {
+    let recorder = ctx.recorder(COMPONENT);
+    let period = ctx.config.route_reconciliation_period;
+    let mut changes = ctx.nodes.subscribe();
+    if !ctx.nodes.wait_synced().await {
+        return;
+    }
+    ctx.metrics.set_running(ALIAS, true);
+    let mut last_start: Option<Instant> = None;
+    let mut pending = true; // first pass right after the cache syncs
+    loop {
+        if pending {
+            // At most one reconcile per period, whatever the event rate.
+            if let Some(start) = last_start {
+                let next = start + period;
+                tokio::select! {
+                    _ = ctx.stop.cancelled() => break,
+                    _ = tokio::time::sleep_until(next.into()) => {}
+                }
+            }
+            pending = false;
+            last_start = Some(Instant::now());
+            if let Err(e) = reconcile(&ctx, &recorder, &cluster_cidrs).await {
+                tracing::error!(controller = NAME, "route reconciliation failed: {e}");
+            }
+            continue;
+        }
+        let deadline = last_start.map_or_else(Instant::now, |s| s + period);
+        tokio::select! {
+            _ = ctx.stop.cancelled() => break,
+            _ = tokio::time::sleep_until(deadline.into()) => pending = true,
+            change = changes.recv() => match change {
+                Ok(change) => pending = should_reconcile(&change),
+                Err(broadcast::error::RecvError::Lagged(_)) => pending = true,
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
+        }
+    }
+    ctx.metrics.set_running(ALIAS, false);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Keep,
+    Add,
+    Update,
+}
+
+fn addresses_equal(a: &[NodeAddress], b: &[NodeAddress]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x))
+}
+
+/// Whether the controller owns `route`: its CIDR parses and its first or last address lies in
+/// a cluster CIDR.
+fn is_responsible(route: &Route, cluster_cidrs: &[IpNet]) -> Option<bool> {
+    let net: IpNet = route.destination_cidr.parse().ok()?;
+    let (first, last): (IpAddr, IpAddr) = (net.network(), net.broadcast());
+    Some(
+        cluster_cidrs
+            .iter()
+            .any(|c| c.contains(&first) || c.contains(&last)),
+    )
+}
+
+/// One full reconcile: routes against nodes, then the NetworkUnavailable conditions. Only a
+/// failure to list routes fails the pass; individual cloud errors are reported per route.
+pub async fn reconcile(
+    ctx: &ControllerContext,
+    recorder: &EventRecorder,
+    cluster_cidrs: &[IpNet],
+) -> Result<(), ProviderError> {
+    ctx.metrics.route_sync_total.inc();
+    let cluster = ctx.config.cluster_name.clone();
+    let routes = ctx.provider.list_routes(&cluster).await?;
+    let nodes = ctx.nodes.list();
+
+    let mut routes_by_node: HashMap<&str, Vec<&Route>> = HashMap::new();
+    for r in &routes {
+        if !r.target_node.is_empty() {
+            routes_by_node
+                .entry(r.target_node.as_str())
+                .or_default()
+                .push(r);
+        }
+    }
+
+    // Per node with podCIDRs: the action for each of its CIDRs (ordered as in the spec).
+    let mut actions: HashMap<String, Vec<(String, Action)>> = HashMap::new();
+    for node in &nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let cidrs = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.pod_cidrs.clone())
+            .unwrap_or_default();
+        if cidrs.is_empty() {
+            continue;
+        }
+        let addrs = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.clone())
+            .unwrap_or_default();
+        let existing = routes_by_node.get(name.as_str());
+        let mut per_node = Vec::new();
+        for cidr in cidrs {
+            let action =
+                match existing.and_then(|rs| rs.iter().find(|r| r.destination_cidr == cidr)) {
+                    Some(r)
+                        if !r.enable_node_addresses
+                            || addresses_equal(&r.target_node_addresses, &addrs) =>
+                    {
+                        Action::Keep
+                    }
+                    Some(_) => Action::Update,
+                    None => Action::Add,
+                };
+            per_node.push((cidr, action));
+        }
+        actions.insert(name, per_node);
+    }
+
+    let limit = Arc::new(Semaphore::new(MAX_CONCURRENT_ROUTE_CALLS));
+
+    // Deletions.
+    let mut deletions = Vec::new();
+    for route in &routes {
+        match is_responsible(route, cluster_cidrs) {
+            None => {
+                tracing::warn!(controller = NAME, cidr = %route.destination_cidr, "ignoring route with an unparsable CIDR");
+                continue;
+            }
+            Some(false) => continue,
+            Some(true) => {}
+        }
+        let stale = match actions.get(&route.target_node) {
+            None => true,
+            Some(per_node) => match per_node.iter().find(|(c, _)| *c == route.destination_cidr) {
+                None => true,
+                Some((_, action)) => *action == Action::Update,
+            },
+        };
+        if route.blackhole || stale {
+            let (provider, cluster, route, limit) = (
+                ctx.provider.clone(),
+                cluster.clone(),
+                route.clone(),
+                limit.clone(),
+            );
+            deletions.push(async move {
+                let _permit = limit.acquire_owned().await;
+                let started = Instant::now();
+                match provider.delete_route(&cluster, &route).await {
+                    Ok(()) => tracing::info!(
+                        controller = NAME,
+                        node = %route.target_node,
+                        cidr = %route.destination_cidr,
+                        blackhole = route.blackhole,
+                        "deleted route after {:?}",
+                        started.elapsed()
+                    ),
+                    Err(e) => tracing::error!(
+                        controller = NAME,
+                        node = %route.target_node,
+                        cidr = %route.destination_cidr,
+                        "could not delete route: {e}"
+                    ),
+                }
+            });
+        }
+    }
+    let deletions = tokio::spawn(join_all(deletions));
+    // Address-aware providers: never create before the stale route is gone.
+    let serialise = routes.first().is_some_and(|r| r.enable_node_addresses);
+    let mut deletions = Some(deletions);
+    if serialise {
+        if let Some(d) = deletions.take() {
+            let _ = d.await;
+        }
+    }
+
+    // Creations.
+    let by_name: HashMap<String, &Arc<Node>> = nodes
+        .iter()
+        .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
+        .collect();
+    let mut creations = Vec::new();
+    for (name, per_node) in &actions {
+        let Some(node) = by_name.get(name) else {
+            continue;
+        };
+        for (index, (cidr, action)) in per_node.iter().enumerate() {
+            if *action == Action::Keep {
+                continue;
+            }
+            let route = Route {
+                target_node: name.clone(),
+                target_node_addresses: node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.addresses.clone())
+                    .unwrap_or_default(),
+                destination_cidr: cidr.clone(),
+                ..Default::default()
+            };
+            let uid = node.metadata.uid.clone().unwrap_or_default();
+            let (provider, cluster, limit, recorder, node) = (
+                ctx.provider.clone(),
+                cluster.clone(),
+                limit.clone(),
+                recorder.clone(),
+                Arc::clone(node),
+            );
+            creations.push(async move {
+                let _permit = limit.acquire_owned().await;
+                let started = Instant::now();
+                match provider.create_route(&cluster, &uid, &route).await {
+                    Ok(()) => {
+                        tracing::info!(controller = NAME, node = %route.target_node, cidr = %route.destination_cidr, "created route after {:?}", started.elapsed());
+                        (route.target_node, index, true)
+                    }
+                    Err(e) => {
+                        let msg = format!(
+                            "Could not create route {uid} {} for node {} after {}: {e}",
+                            route.destination_cidr,
+                            route.target_node,
+                            go_duration(started.elapsed())
+                        );
+                        tracing::error!(controller = NAME, "{msg}");
+                        recorder.publish(node_ref(&node), EventType::Warning, "FailedToCreateRoute", msg);
+                        (route.target_node, index, false)
+                    }
+                }
+            });
+        }
+    }
+    for (node, index, ok) in join_all(creations).await {
+        if ok {
+            if let Some(per_node) = actions.get_mut(&node) {
+                per_node[index].1 = Action::Keep;
+            }
+        }
+    }
+    if let Some(d) = deletions.take() {
+        let _ = d.await;
+    }
+
+    // Conditions.
+    let routed: HashSet<&str> = routes_by_node.keys().copied().collect();
+    let mut updates = Vec::new();
+    for node in &nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let unavailable = match actions.get(&name) {
+            Some(per_node) => per_node.iter().any(|(_, a)| *a != Action::Keep),
+            None if routed.contains(name.as_str()) => true,
+            None => continue,
+        };
+        let (client, node) = (ctx.client.clone(), Arc::clone(node));
+        updates.push(async move {
+            if let Err(e) = update_network_condition(&client, &node, unavailable).await {
+                tracing::error!(controller = NAME, node = %name, "could not update NetworkUnavailable: {e}");
+            }
+        });
+    }
+    join_all(updates).await;
+    Ok(())
+}
+
+/// The `NetworkUnavailable` condition the controller would write, or `None` when the existing
+/// condition already says so with the controller's own reason (upstream's skip rules: a
+/// condition set by someone else, e.g. a CNI's `CalicoIsUp`, is overwritten).
+pub fn desired_condition(node: &Node, unavailable: bool, now: Time) -> Option<NodeCondition> {
+    let existing = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "NetworkUnavailable"));
+    if let Some(c) = existing {
+        let reason = c.reason.as_deref().unwrap_or("");
+        if !unavailable && c.status == "False" && reason == "RouteCreated" {
+            return None;
+        }
+        if unavailable && c.status == "True" && reason == "NoRouteCreated" {
+            return None;
+        }
+    }
+    let (status, reason, message) = if unavailable {
+        (
+            "True",
+            "NoRouteCreated",
+            "RouteController failed to create a route",
+        )
+    } else {
+        ("False", "RouteCreated", "RouteController created a route")
+    };
+    Some(NodeCondition {
+        type_: "NetworkUnavailable".into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_transition_time: Some(now.clone()),
+        last_heartbeat_time: Some(now),
+    })
+}
+
+async fn update_network_condition(
+    client: &kube::Client,
+    node: &Node,
+    unavailable: bool,
+) -> Result<(), kube::Error> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let Some(condition) = desired_condition(node, unavailable, now) else {
+        return Ok(());
+    };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    patch_node_condition(client, &name, &condition).await
+}
+
+/// Format a duration the way Go's `time.Duration.String()` does (`1.5s`, `250ms`, `3m2s`), as
+/// upstream's event messages show it.
+pub fn go_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".into();
+    }
+    if nanos < 1_000 {
+        return format!("{nanos}ns");
+    }
+    if nanos < 1_000_000 {
+        return trim_float(nanos as f64 / 1e3, "µs");
+    }
+    if nanos < 1_000_000_000 {
+        return trim_float(nanos as f64 / 1e6, "ms");
+    }
+    let total = d.as_secs_f64();
+    let hours = (total / 3600.0).floor();
+    let minutes = ((total - hours * 3600.0) / 60.0).floor();
+    let seconds = total - hours * 3600.0 - minutes * 60.0;
+    let mut out = String::new();
+    if hours > 0.0 {
+        out.push_str(&format!("{hours}h"));
+    }
+    if hours > 0.0 || minutes > 0.0 {
+        out.push_str(&format!("{minutes}m"));
+    }
+    out.push_str(&trim_float(seconds, "s"));
+    out
+}
+
+fn trim_float(v: f64, unit: &str) -> String {
+    let s = format!("{v:.9}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("{s}{unit}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(node: &str, cidr: &str) -> Route {
+        Route {
+            target_node: node.into(),
+            destination_cidr: cidr.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cluster_cidr_parsing_matches_upstream() {
+        assert_eq!(parse_cluster_cidrs(" 10.244.0.0/16 ").unwrap().len(), 1);
+        assert_eq!(
+            parse_cluster_cidrs("10.244.0.0/16,fd00::/56")
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(parse_cluster_cidrs("10.244.0.0/16, fd00::/56")
+            .unwrap_err()
+            .contains("invalid CIDR"));
+        assert!(parse_cluster_cidrs("10.0.0.0/16,10.1.0.0/16")
+            .unwrap_err()
+            .contains("not configured as dual stack"));
+        assert!(parse_cluster_cidrs("10.0.0.0/16,fd00::/56,10.2.0.0/16")
+            .unwrap_err()
+            .contains("at most two"));
+        assert!(parse_cluster_cidrs("").unwrap_err().contains("empty"));
+        assert!(
+            parse_cluster_cidrs("10.0.0.1").is_err(),
+            "a bare IP is not a CIDR"
+        );
+    }
+
+    #[test]
+    fn responsibility_uses_first_or_last_address() {
+        let cluster = parse_cluster_cidrs("10.120.0.0/14,fd00:10:244::/56").unwrap();
+        assert_eq!(
+            is_responsible(&route("n", "10.120.0.0/24"), &cluster),
+            Some(true)
+        );
+        assert_eq!(
+            is_responsible(&route("n", "10.123.255.0/24"), &cluster),
+            Some(true)
+        );
+        assert_eq!(
+            is_responsible(&route("n", "10.124.0.0/24"), &cluster),
+            Some(false)
+        );
+        assert_eq!(
+            is_responsible(&route("n", "10.119.255.0/24"), &cluster),
+            Some(false)
+        );
+        // Upstream looks only at the range's first and last address: a wider range that merely
+        // contains the cluster CIDR is not ours.
+        assert_eq!(
+            is_responsible(&route("n", "10.112.0.0/12"), &cluster),
+            Some(false)
+        );
+        assert_eq!(
+            is_responsible(&route("n", "fd00:10:244::/64"), &cluster),
+            Some(true)
+        );
+        assert_eq!(
+            is_responsible(&route("n", "fd00:10:245::/64"), &cluster),
+            Some(false)
+        );
+        assert_eq!(is_responsible(&route("n", "garbage"), &cluster), None);
+    }
+
+    #[test]
+    fn condition_skip_rules_and_calico_override() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let node_with = |status: &str, reason: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n"},
+                "status": {"conditions": [{"type": "NetworkUnavailable", "status": status, "reason": reason}]}
+            }))
+            .unwrap()
+        };
+        assert!(
+            desired_condition(&node_with("False", "RouteCreated"), false, now.clone()).is_none()
+        );
+        assert!(
+            desired_condition(&node_with("True", "NoRouteCreated"), true, now.clone()).is_none()
+        );
+        let calico =
+            desired_condition(&node_with("False", "CalicoIsUp"), false, now.clone()).unwrap();
+        assert_eq!(calico.reason.as_deref(), Some("RouteCreated"));
+        assert_eq!(
+            calico.message.as_deref(),
+            Some("RouteController created a route")
+        );
+        assert_eq!(calico.status, "False");
+        let flip =
+            desired_condition(&node_with("False", "RouteCreated"), true, now.clone()).unwrap();
+        assert_eq!(
+            (flip.status.as_str(), flip.reason.as_deref()),
+            ("True", Some("NoRouteCreated"))
+        );
+        let fresh = desired_condition(&Node::default(), false, now.clone()).unwrap();
+        assert_eq!(fresh.last_transition_time, Some(now.clone()));
+        assert_eq!(fresh.last_heartbeat_time, Some(now));
+    }
+
+    #[test]
+    fn update_predicate() {
+        let node = |rv: &str, cidr: &str, image: &str| -> Arc<Node> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "n", "resourceVersion": rv},
+                    "spec": {"podCIDRs": [cidr]},
+                    "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}], "images": [{"names": [image]}]}
+                }))
+                .unwrap(),
+            )
+        };
+        let upd = |old, new| Change::Updated { old, new };
+        assert!(should_reconcile(&upd(
+            node("1", "10.0.0.0/24", "a"),
+            node("2", "10.0.1.0/24", "a")
+        )));
+        assert!(
+            should_reconcile(&upd(
+                node("1", "10.0.0.0/24", "a"),
+                node("1", "10.0.0.0/24", "a")
+            )),
+            "resync"
+        );
+        assert!(!should_reconcile(&upd(
+            node("1", "10.0.0.0/24", "a"),
+            node("2", "10.0.0.0/24", "b")
+        )));
+        assert!(should_reconcile(&Change::Added(node(
+            "1",
+            "10.0.0.0/24",
+            "a"
+        ))));
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(go_duration(Duration::from_micros(2500)), "2.5ms");
+        assert_eq!(go_duration(Duration::from_nanos(800)), "800ns");
+        assert_eq!(go_duration(Duration::from_secs(62)), "1m2s");
+        assert_eq!(go_duration(Duration::from_secs(3600)), "1h0m0s");
+        assert_eq!(go_duration(Duration::ZERO), "0s");
+    }
+}
