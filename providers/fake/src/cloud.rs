@@ -1,0 +1,455 @@
+//! The fake cloud itself: its settings (replaceable at run time), its state (load balancers,
+//! routes, address allocations), the top-level provider interface and `Clusters`.
+
+use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use ccm_provider_abi::prelude::*;
+use ccm_provider_abi::sdk::Result;
+use serde_json::json;
+
+use crate::config::FakeConfig;
+use crate::control::{CallLog, CallRecord, ControlChange, ControlWatcher, FakeState, StateFile};
+use crate::faults::{Counters, Faults};
+use crate::loadbalancer::{LoadBalancerRecord, PoolAlloc};
+use crate::routes::{RouteKey, RouteRecord};
+
+/// Which registered provider a cloud is: they differ only in capability defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// `fake`: every capability, InstancesV2 included.
+    Fake,
+    /// `fake-v1`: upstream fake's defaults, i.e. everything but InstancesV2.
+    FakeV1,
+}
+
+/// The capabilities a cloud offers (fixed when it is created).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// `LoadBalancer()`.
+    pub load_balancer: bool,
+    /// `Instances()`.
+    pub instances: bool,
+    /// `InstancesV2()`.
+    pub instances_v2: bool,
+    /// `Zones()`.
+    pub zones: bool,
+    /// `Clusters()`.
+    pub clusters: bool,
+    /// `Routes()`.
+    pub routes: bool,
+}
+
+impl Capabilities {
+    fn from_config(flavour: Flavour, c: &FakeConfig) -> Self {
+        let on = |disable: Option<bool>, default: bool| !disable.unwrap_or(!default);
+        Self {
+            load_balancer: on(c.disable_load_balancers, true),
+            instances: on(c.disable_instances, true),
+            instances_v2: on(c.disable_instances_v2, flavour == Flavour::Fake),
+            zones: on(c.disable_zones, true),
+            clusters: on(c.disable_clusters, true),
+            routes: on(c.disable_routes, true),
+        }
+    }
+}
+
+/// The settings in force, indexed for O(1) lookups. Replaced as a whole on a control change.
+pub(crate) struct Settings {
+    pub(crate) config: FakeConfig,
+    /// Instance index by node name.
+    pub(crate) by_name: HashMap<String, usize>,
+    /// Instance index by (effective, non-empty) provider ID.
+    pub(crate) by_provider_id: HashMap<String, usize>,
+    pub(crate) faults: Faults,
+    pub(crate) elsewhere: HashSet<String>,
+}
+
+impl Settings {
+    fn build(config: FakeConfig, provider_name: &str) -> Self {
+        let mut by_name = HashMap::with_capacity(config.instances.len());
+        let mut by_provider_id = HashMap::with_capacity(config.instances.len());
+        for (i, inst) in config.instances.iter().enumerate() {
+            by_name.insert(inst.name.clone(), i);
+            let pid = effective_provider_id(provider_name, inst);
+            if !pid.is_empty() {
+                by_provider_id.insert(pid, i);
+            }
+        }
+        Self {
+            faults: Faults::from_config(&config),
+            elsewhere: config.implemented_elsewhere.iter().cloned().collect(),
+            by_name,
+            by_provider_id,
+            config,
+        }
+    }
+}
+
+/// `providerID` of a configured instance: explicit, else `<providerName>://<instanceID|name>`.
+pub(crate) fn effective_provider_id(
+    provider_name: &str,
+    inst: &crate::config::InstanceConfig,
+) -> String {
+    match &inst.provider_id {
+        Some(id) => id.clone(),
+        None => format!(
+            "{provider_name}://{}",
+            inst.instance_id.as_deref().unwrap_or(&inst.name)
+        ),
+    }
+}
+
+/// Mutable cloud resources.
+#[derive(Default)]
+pub(crate) struct CloudState {
+    /// Load balancers by service key `namespace/name`.
+    pub(crate) lbs: HashMap<String, LoadBalancerRecord>,
+    pub(crate) pool: PoolAlloc,
+    /// Routes by cluster, then by (target node, destination CIDR).
+    pub(crate) routes: HashMap<String, HashMap<RouteKey, RouteRecord>>,
+}
+
+impl CloudState {
+    pub(crate) fn snapshot(&self) -> FakeState {
+        let mut load_balancers: Vec<_> = self.lbs.values().cloned().collect();
+        load_balancers.sort_by_key(|lb| lb.service_key());
+        let mut routes: Vec<_> = self
+            .routes
+            .values()
+            .flat_map(|r| r.values().cloned())
+            .collect();
+        routes.sort_by(|a, b| (&a.cluster, &a.name).cmp(&(&b.cluster, &b.name)));
+        FakeState {
+            load_balancers,
+            routes,
+        }
+    }
+}
+
+/// Deterministic InternalIPs for instances without configured addresses: `10.0.0.0/8`, derived
+/// from a hash of the node name; the rare collision moves to the next free address.
+#[derive(Default)]
+pub(crate) struct AutoIps {
+    by_name: HashMap<String, Ipv4Addr>,
+    used: HashSet<u32>,
+}
+
+impl AutoIps {
+    const SPAN: u32 = (1 << 24) - 2;
+
+    pub(crate) fn ip_for(&mut self, name: &str) -> Ipv4Addr {
+        if let Some(ip) = self.by_name.get(name) {
+            return *ip;
+        }
+        let mut i = (fnv1a(name.as_bytes()) % u64::from(Self::SPAN)) as u32;
+        loop {
+            let ip = (10u32 << 24) | (i + 1);
+            if self.used.insert(ip) {
+                let ip = Ipv4Addr::from(ip);
+                self.by_name.insert(name.to_string(), ip);
+                return ip;
+            }
+            i = (i + 1) % Self::SPAN;
+        }
+    }
+}
+
+/// 64-bit FNV-1a: stable across runs and Rust versions (unlike `DefaultHasher`).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A programmable in-memory cloud. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct FakeCloud {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) provider_name: String,
+    caps: Capabilities,
+    has_cluster_id: bool,
+    /// The factory configuration: what a removed control file goes back to.
+    base: FakeConfig,
+    settings: RwLock<Arc<Settings>>,
+    pub(crate) counters: Counters,
+    control: Option<ControlWatcher>,
+    pub(crate) log: CallLog,
+    pub(crate) state: Mutex<CloudState>,
+    state_file: Option<StateFile>,
+    pub(crate) auto_ips: Mutex<AutoIps>,
+    host: Mutex<Option<Host>>,
+}
+
+impl FakeCloud {
+    /// Build a cloud from `--cloud-config` bytes (`None`: an empty cloud with `autoInstances`).
+    pub fn new(registered_name: &str, flavour: Flavour, config: Option<&[u8]>) -> Result<Self> {
+        let config = match config {
+            Some(bytes) => FakeConfig::parse(bytes)?,
+            None => FakeConfig::default(),
+        };
+        Self::from_config(registered_name, flavour, config)
+    }
+
+    /// Build a cloud from a configuration value.
+    pub fn from_config(
+        registered_name: &str,
+        flavour: Flavour,
+        config: FakeConfig,
+    ) -> Result<Self> {
+        config.validate()?;
+        let provider_name = config
+            .provider_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| registered_name.to_string());
+        let dir = config.state_dir.clone();
+        if let Some(dir) = &dir {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                ProviderError::invalid_config(format!(
+                    "fake cloud: cannot create stateDir {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        let log = CallLog::new(provider_name.clone(), dir.as_deref()).map_err(|e| {
+            ProviderError::invalid_config(format!(
+                "fake cloud: cannot open the call log in stateDir {}: {e}",
+                dir.as_deref().unwrap_or(std::path::Path::new("")).display()
+            ))
+        })?;
+        let mut state = CloudState::default();
+        for seed in &config.routes {
+            let rec = RouteRecord::from_seed(seed);
+            state
+                .routes
+                .entry(rec.cluster.clone())
+                .or_default()
+                .insert(rec.key(), rec);
+        }
+        let cloud = Self {
+            inner: Arc::new(Inner {
+                caps: Capabilities::from_config(flavour, &config),
+                has_cluster_id: config.has_cluster_id,
+                settings: RwLock::new(Arc::new(Settings::build(config.clone(), &provider_name))),
+                provider_name,
+                base: config.clone(),
+                counters: Counters::default(),
+                control: dir.as_deref().map(ControlWatcher::new),
+                log,
+                state: Mutex::new(state),
+                state_file: dir
+                    .as_deref()
+                    .filter(|_| config.cloud_state_file)
+                    .map(StateFile::new),
+                auto_ips: Mutex::new(AutoIps::default()),
+                host: Mutex::new(None),
+            }),
+        };
+        // Apply a control file that is already there, and publish the initial state.
+        let _ = cloud.settings();
+        if let Some(f) = &cloud.inner.state_file {
+            f.write(&lock(&cloud.inner.state).snapshot());
+        }
+        Ok(cloud)
+    }
+
+    /// The capabilities this cloud offers.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    /// The calls recorded so far (the last 50,000), in order.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.inner.log.snapshot()
+    }
+
+    /// The stable names of the calls recorded so far.
+    pub fn call_names(&self) -> Vec<String> {
+        self.calls().into_iter().map(|c| c.call).collect()
+    }
+
+    /// Forget the in-memory call records (upstream `ClearCalls`; the file is not touched).
+    pub fn clear_calls(&self) {
+        self.inner.log.clear()
+    }
+
+    /// The cloud's load balancers and routes.
+    pub fn state(&self) -> FakeState {
+        lock(&self.inner.state).snapshot()
+    }
+
+    /// Replace the live settings, exactly as a new control file would.
+    pub fn set_config(&self, config: FakeConfig) -> Result<()> {
+        config.validate()?;
+        self.install(config);
+        Ok(())
+    }
+
+    /// The `Host` handed to `initialize`, once it was called.
+    pub fn is_initialized(&self) -> bool {
+        lock(&self.inner.host).is_some()
+    }
+
+    fn install(&self, live: FakeConfig) {
+        let base = &self.inner.base;
+        // Only the programmable part is live; the rest is fixed at creation.
+        let config = FakeConfig {
+            provider_name: base.provider_name.clone(),
+            has_cluster_id: base.has_cluster_id,
+            disable_instances: base.disable_instances,
+            disable_instances_v2: base.disable_instances_v2,
+            disable_load_balancers: base.disable_load_balancers,
+            disable_routes: base.disable_routes,
+            disable_zones: base.disable_zones,
+            disable_clusters: base.disable_clusters,
+            state_dir: base.state_dir.clone(),
+            cloud_state_file: base.cloud_state_file,
+            routes: base.routes.clone(),
+            ..live
+        };
+        let settings = Arc::new(Settings::build(config, &self.inner.provider_name));
+        *self
+            .inner
+            .settings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = settings;
+        self.inner.counters.reset();
+        ccm_provider_abi::log::debug!("fake cloud: new settings installed");
+    }
+
+    /// The settings in force (one `stat` of the control file when a stateDir is set).
+    pub(crate) fn settings(&self) -> Arc<Settings> {
+        if let Some(w) = &self.inner.control {
+            match w.poll() {
+                ControlChange::None => {}
+                ControlChange::New(c) => self.install(*c),
+                ControlChange::Removed => self.install(self.inner.base.clone()),
+            }
+        }
+        self.inner
+            .settings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Start of every provider call: pick up control changes, record the call, run the faults.
+    pub(crate) fn begin(
+        &self,
+        method: &str,
+        call: &str,
+        args: serde_json::Value,
+        ctx: &CallContext,
+    ) -> Result<Arc<Settings>> {
+        let s = self.settings();
+        ccm_provider_abi::log::debug!("fake cloud: {method} {args}");
+        self.inner.log.record(call, args);
+        s.faults.apply(method, ctx, &self.inner.counters, &|| {
+            self.inner
+                .log
+                .record("cancel-observed", json!({ "method": method }))
+        })?;
+        Ok(s)
+    }
+
+    /// Change the cloud state; `f` returns whether it changed anything, in which case
+    /// `cloud.json` is rewritten (under the state lock, so the file follows the order of changes).
+    pub(crate) fn mutate<R>(&self, f: impl FnOnce(&mut CloudState) -> (R, bool)) -> R {
+        let mut state = lock(&self.inner.state);
+        let (r, changed) = f(&mut state);
+        if changed {
+            if let Some(file) = &self.inner.state_file {
+                file.write(&state.snapshot());
+            }
+        }
+        r
+    }
+}
+
+impl CloudProvider for FakeCloud {
+    fn provider_name(&self) -> String {
+        self.inner.provider_name.clone()
+    }
+
+    fn has_cluster_id(&self) -> bool {
+        self.inner.has_cluster_id
+    }
+
+    fn initialize(&self, ctx: &CallContext, host: Host) -> Result<()> {
+        let cluster = host.cluster_name();
+        self.begin(
+            "Initialize",
+            "initialize",
+            json!({ "cluster": cluster }),
+            ctx,
+        )?;
+        *lock(&self.inner.host) = Some(host);
+        Ok(())
+    }
+
+    fn load_balancer(&self) -> Option<Arc<dyn LoadBalancer>> {
+        self.inner
+            .caps
+            .load_balancer
+            .then(|| Arc::new(self.clone()) as Arc<dyn LoadBalancer>)
+    }
+
+    fn instances(&self) -> Option<Arc<dyn Instances>> {
+        self.inner
+            .caps
+            .instances
+            .then(|| Arc::new(self.clone()) as Arc<dyn Instances>)
+    }
+
+    fn instances_v2(&self) -> Option<Arc<dyn InstancesV2>> {
+        self.inner
+            .caps
+            .instances_v2
+            .then(|| Arc::new(self.clone()) as Arc<dyn InstancesV2>)
+    }
+
+    fn zones(&self) -> Option<Arc<dyn Zones>> {
+        self.inner
+            .caps
+            .zones
+            .then(|| Arc::new(self.clone()) as Arc<dyn Zones>)
+    }
+
+    fn clusters(&self) -> Option<Arc<dyn Clusters>> {
+        self.inner
+            .caps
+            .clusters
+            .then(|| Arc::new(self.clone()) as Arc<dyn Clusters>)
+    }
+
+    fn routes(&self) -> Option<Arc<dyn Routes>> {
+        self.inner
+            .caps
+            .routes
+            .then(|| Arc::new(self.clone()) as Arc<dyn Routes>)
+    }
+}
+
+impl Clusters for FakeCloud {
+    fn list_clusters(&self, ctx: &CallContext) -> Result<Vec<String>> {
+        let s = self.begin("ListClusters", "list-clusters", json!({}), ctx)?;
+        Ok(s.config.clusters.clone())
+    }
+
+    fn master(&self, ctx: &CallContext, cluster_name: &str) -> Result<String> {
+        let s = self.begin("Master", "master", json!({ "cluster": cluster_name }), ctx)?;
+        Ok(s.config.master.clone())
+    }
+}

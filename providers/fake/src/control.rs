@@ -1,0 +1,342 @@
+//! Run-time control and observation through files in `stateDir` (the host loads the plugin with
+//! `dlopen`, so tests cannot reach its memory):
+//!
+//! - [`CONTROL_FILE`] (`control.yaml`): re-read when it changes; replaces the live settings.
+//! - [`CALLS_FILE`] (`calls.jsonl`): one JSON line per provider call ([`CallRecord`]).
+//! - [`STATE_FILE`] (`cloud.json`): the cloud's load balancers and routes ([`FakeState`]),
+//!   rewritten atomically after every change.
+//!
+//! The free functions here are the test side of that contract.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::FakeConfig;
+use crate::loadbalancer::LoadBalancerRecord;
+use crate::routes::RouteRecord;
+
+/// Name of the control file in `stateDir`.
+pub const CONTROL_FILE: &str = "control.yaml";
+/// Name of the call log in `stateDir`.
+pub const CALLS_FILE: &str = "calls.jsonl";
+/// Name of the cloud state file in `stateDir`.
+pub const STATE_FILE: &str = "cloud.json";
+
+/// How many call records are also kept in memory (see `FakeCloud::calls`).
+const MEMORY_LOG_CAP: usize = 50_000;
+
+/// One provider call, as written to `calls.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// 1, 2, ... per provider instance, in the order of the file.
+    pub seq: u64,
+    /// Stable call name (`create`, `instance-metadata-by-provider-id`, `cancel-observed`, ...).
+    pub call: String,
+    /// The provider's name (`ProviderName()`).
+    pub provider: String,
+    /// The call's arguments (`service`, `hosts`, `node`, `providerID`, `cluster`, `cidr`, ...).
+    #[serde(default)]
+    pub args: serde_json::Value,
+}
+
+impl CallRecord {
+    /// A string argument, if present.
+    pub fn arg(&self, key: &str) -> Option<&str> {
+        self.args.get(key).and_then(|v| v.as_str())
+    }
+
+    /// The `hosts` argument of load-balancer calls.
+    pub fn hosts(&self) -> Vec<String> {
+        self.args
+            .get("hosts")
+            .and_then(|h| h.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|h| h.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// The cloud's resources, as written to `cloud.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FakeState {
+    /// Load balancers, sorted by service key (`namespace/name`).
+    pub load_balancers: Vec<LoadBalancerRecord>,
+    /// Routes, sorted by cluster and name.
+    pub routes: Vec<RouteRecord>,
+}
+
+impl FakeState {
+    /// Read `dir/cloud.json`; a missing file is an empty cloud.
+    pub fn read(dir: &Path) -> io::Result<Self> {
+        match fs::read(dir.join(STATE_FILE)) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The load balancer of service `namespace/name`.
+    pub fn load_balancer(&self, service_key: &str) -> Option<&LoadBalancerRecord> {
+        self.load_balancers
+            .iter()
+            .find(|lb| lb.service_key() == service_key)
+    }
+}
+
+/// Read every record of `dir/calls.jsonl` (missing file: none). A torn last line is skipped.
+pub fn read_calls(dir: &Path) -> io::Result<Vec<CallRecord>> {
+    let text = match fs::read_to_string(dir.join(CALLS_FILE)) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// The records of `dir/calls.jsonl` named `call`.
+pub fn calls_named(dir: &Path, call: &str) -> io::Result<Vec<CallRecord>> {
+    Ok(read_calls(dir)?
+        .into_iter()
+        .filter(|c| c.call == call)
+        .collect())
+}
+
+/// Empty the call log (the plugin appends, so truncating is safe while it runs).
+pub fn clear_calls(dir: &Path) -> io::Result<()> {
+    match OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(dir.join(CALLS_FILE))
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Poll `dir/calls.jsonl` until `pred` holds for the records (or `timeout`); returns them.
+pub fn wait_for_calls(
+    dir: &Path,
+    timeout: Duration,
+    mut pred: impl FnMut(&[CallRecord]) -> bool,
+) -> io::Result<Vec<CallRecord>> {
+    let end = Instant::now() + timeout;
+    loop {
+        let calls = read_calls(dir)?;
+        if pred(&calls) || Instant::now() >= end {
+            return Ok(calls);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Write `dir/control.yaml` atomically (temp file + rename, so the plugin always notices the
+/// change and never reads half a file). `stateDir` must not be set in `config`.
+pub fn write_control(dir: &Path, config: &FakeConfig) -> io::Result<()> {
+    let text = yaml_serde::to_string(config).map_err(io::Error::other)?;
+    write_atomic(&dir.join(CONTROL_FILE), text.as_bytes())
+}
+
+/// Remove `dir/control.yaml`: the plugin goes back to its `--cloud-config` settings.
+pub fn remove_control(dir: &Path) -> io::Result<()> {
+    match fs::remove_file(dir.join(CONTROL_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Write `path` via a temporary file in the same directory and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tmp.push(format!(".tmp{}-{n}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+    }
+    fs::rename(&tmp, path)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plugin side
+// ---------------------------------------------------------------------------------------------
+
+/// The call log: an append-only file (one `write` per line) plus a bounded in-memory copy.
+pub(crate) struct CallLog {
+    provider: String,
+    inner: Mutex<LogInner>,
+}
+
+struct LogInner {
+    seq: u64,
+    file: Option<File>,
+    memory: VecDeque<CallRecord>,
+    line: Vec<u8>,
+}
+
+impl CallLog {
+    pub(crate) fn new(provider: String, dir: Option<&Path>) -> io::Result<Self> {
+        let file = dir
+            .map(|d| {
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(d.join(CALLS_FILE))
+            })
+            .transpose()?;
+        Ok(Self {
+            provider,
+            inner: Mutex::new(LogInner {
+                seq: 0,
+                file,
+                memory: VecDeque::new(),
+                line: Vec::with_capacity(256),
+            }),
+        })
+    }
+
+    pub(crate) fn record(&self, call: &str, args: serde_json::Value) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let inner = &mut *g;
+        inner.seq += 1;
+        let rec = CallRecord {
+            seq: inner.seq,
+            call: call.to_string(),
+            provider: self.provider.clone(),
+            args,
+        };
+        if let Some(file) = &mut inner.file {
+            inner.line.clear();
+            if serde_json::to_writer(&mut inner.line, &rec).is_ok() {
+                inner.line.push(b'\n');
+                if let Err(e) = file.write_all(&inner.line) {
+                    ccm_provider_abi::log::debug!("fake cloud: cannot append to the call log: {e}");
+                }
+            }
+        }
+        if inner.memory.len() == MEMORY_LOG_CAP {
+            inner.memory.pop_front();
+        }
+        inner.memory.push_back(rec);
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<CallRecord> {
+        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.memory.iter().cloned().collect()
+    }
+
+    pub(crate) fn clear(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.memory.clear();
+    }
+}
+
+/// Identity of one version of the control file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    ino: u64,
+    len: u64,
+    mtime: Option<SystemTime>,
+}
+
+/// What the watcher found on this call.
+pub(crate) enum ControlChange {
+    /// Nothing changed.
+    None,
+    /// A new, valid control configuration.
+    New(Box<FakeConfig>),
+    /// The file was removed: go back to the factory configuration.
+    Removed,
+}
+
+/// Watches `stateDir/control.yaml` with one `stat` per call.
+pub(crate) struct ControlWatcher {
+    path: PathBuf,
+    last: Mutex<Option<Fingerprint>>,
+}
+
+impl ControlWatcher {
+    pub(crate) fn new(dir: &Path) -> Self {
+        Self {
+            path: dir.join(CONTROL_FILE),
+            last: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn poll(&self) -> ControlChange {
+        let now = fs::metadata(&self.path).ok().map(|m| Fingerprint {
+            ino: m.ino(),
+            len: m.len(),
+            mtime: m.modified().ok(),
+        });
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if *last == now {
+            return ControlChange::None;
+        }
+        *last = now;
+        if now.is_none() {
+            return ControlChange::Removed;
+        }
+        // Read under the lock so that two racing calls do not both apply (and log) it.
+        match fs::read(&self.path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| FakeConfig::parse(&b).map_err(|e| e.message().to_string()))
+        {
+            Ok(c) if c.state_dir.is_some() => {
+                ccm_provider_abi::log::error!(
+                    "fake cloud: ignoring {}: stateDir can only be set in --cloud-config; keeping the last good settings",
+                    self.path.display()
+                );
+                ControlChange::None
+            }
+            Ok(c) => ControlChange::New(Box::new(c)),
+            Err(e) => {
+                ccm_provider_abi::log::error!(
+                    "fake cloud: ignoring {}: {e}; keeping the last good settings",
+                    self.path.display()
+                );
+                ControlChange::None
+            }
+        }
+    }
+}
+
+/// Writes `stateDir/cloud.json`.
+pub(crate) struct StateFile {
+    path: PathBuf,
+}
+
+impl StateFile {
+    pub(crate) fn new(dir: &Path) -> Self {
+        Self {
+            path: dir.join(STATE_FILE),
+        }
+    }
+
+    pub(crate) fn write(&self, state: &FakeState) {
+        let result = serde_json::to_vec_pretty(state)
+            .map_err(io::Error::other)
+            .and_then(|bytes| write_atomic(&self.path, &bytes));
+        if let Err(e) = result {
+            ccm_provider_abi::log::warn!("fake cloud: cannot write {}: {e}", self.path.display());
+        }
+    }
+}
