@@ -28,6 +28,8 @@ pub struct Cli {
 /// Commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the cloud-controller-manager (upstream flags).
+    Run(Box<crate::daemon::RunArgs>),
     /// List every plugin file, the providers it registered, its ABI version and capabilities,
     /// and every refused file with the reason.
     Plugins(PluginsArgs),

@@ -8,6 +8,8 @@
 pub mod apiserver;
 pub mod cli;
 pub mod controllers;
+pub mod daemon;
+pub mod duration;
 pub mod events;
 pub mod informer;
 pub mod metrics;

@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests: where cargo put the plugin `.so` files, and plugin
 //! directories assembled from them.
 
+pub mod harness;
+
 use std::path::{Path, PathBuf};
 
 /// Path of a cdylib built by cargo for this test run, by library name

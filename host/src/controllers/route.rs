@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ccm_provider_abi::{ProviderError, Route};
 use futures::future::join_all;
@@ -328,7 +328,7 @@ pub async fn reconcile(
                             "Could not create route {uid} {} for node {} after {}: {e}",
                             route.destination_cidr,
                             route.target_node,
-                            go_duration(started.elapsed())
+                            crate::duration::format(started.elapsed())
                         );
                         tracing::error!(controller = NAME, "{msg}");
                         recorder.publish(node_ref(&node), EventType::Warning, "FailedToCreateRoute", msg);
@@ -418,43 +418,6 @@ async fn update_network_condition(
     };
     let name = node.metadata.name.clone().unwrap_or_default();
     patch_node_condition(client, &name, &condition).await
-}
-
-/// Format a duration the way Go's `time.Duration.String()` does (`1.5s`, `250ms`, `3m2s`), as
-/// upstream's event messages show it.
-pub fn go_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    if nanos == 0 {
-        return "0s".into();
-    }
-    if nanos < 1_000 {
-        return format!("{nanos}ns");
-    }
-    if nanos < 1_000_000 {
-        return trim_float(nanos as f64 / 1e3, "µs");
-    }
-    if nanos < 1_000_000_000 {
-        return trim_float(nanos as f64 / 1e6, "ms");
-    }
-    let total = d.as_secs_f64();
-    let hours = (total / 3600.0).floor();
-    let minutes = ((total - hours * 3600.0) / 60.0).floor();
-    let seconds = total - hours * 3600.0 - minutes * 60.0;
-    let mut out = String::new();
-    if hours > 0.0 {
-        out.push_str(&format!("{hours}h"));
-    }
-    if hours > 0.0 || minutes > 0.0 {
-        out.push_str(&format!("{minutes}m"));
-    }
-    out.push_str(&trim_float(seconds, "s"));
-    out
-}
-
-fn trim_float(v: f64, unit: &str) -> String {
-    let s = format!("{v:.9}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    format!("{s}{unit}")
 }
 
 #[cfg(test)]
@@ -598,15 +561,5 @@ mod tests {
             "10.0.0.0/24",
             "a"
         ))));
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(go_duration(Duration::from_micros(2500)), "2.5ms");
-        assert_eq!(go_duration(Duration::from_nanos(800)), "800ns");
-        assert_eq!(go_duration(Duration::from_secs(62)), "1m2s");
-        assert_eq!(go_duration(Duration::from_secs(3600)), "1h0m0s");
-        assert_eq!(go_duration(Duration::ZERO), "0s");
     }
 }

@@ -1,0 +1,372 @@
+//! `ccm-host run` flags: upstream's names and defaults (spec §3.3) so an existing CCM manifest
+//! works with only the image and `--plugin-dir` changed. Values are validated together and
+//! every problem is reported on its own line (exit code 2).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::selection::ControllerSelection;
+use crate::cli::PluginDirArgs;
+use crate::controllers::ControllerConfig;
+
+/// Flags of `ccm-host run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub plugins: PluginDirArgs,
+
+    // ---- generic ----
+    /// The provider to run (a name registered by a plugin). Required.
+    #[arg(long, env = "CCM_CLOUD_PROVIDER", default_value = "")]
+    pub cloud_provider: String,
+    /// Path of the cloud provider configuration file, handed to the provider factory.
+    #[arg(long, env = "CCM_CLOUD_CONFIG")]
+    pub cloud_config: Option<PathBuf>,
+    /// Controllers to run: '*' (all), 'name' or '-name' (canonical names or aliases).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub controllers: Vec<String>,
+    /// The instance prefix for the cluster, passed to load balancer and route calls.
+    #[arg(long, default_value = "kubernetes")]
+    pub cluster_name: String,
+    /// CIDR range of pods in the cluster (one, or one IPv4 and one IPv6).
+    #[arg(long, default_value = "")]
+    pub cluster_cidr: String,
+    /// Whether to configure cloud routes for the pod CIDRs of nodes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub configure_cloud_routes: bool,
+    /// Accepted for compatibility; it no longer gates the route controller (as upstream).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub allocate_node_cidrs: bool,
+    /// Accepted for compatibility; unused by the cloud controllers.
+    #[arg(long, default_value = "RangeAllocator")]
+    pub cidr_allocator_type: String,
+    /// Run even if the provider has no cluster ID (HasClusterID false). Deprecated upstream.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_untagged_cloud: bool,
+    /// Period of the route controller.
+    #[arg(long, default_value = "10s")]
+    pub route_reconciliation_period: String,
+    /// Period of the node lifecycle controller.
+    #[arg(long, default_value = "5s")]
+    pub node_monitor_period: String,
+    /// Period of the node address loop.
+    #[arg(long, default_value = "5m")]
+    pub node_status_update_frequency: String,
+    /// Accepted for compatibility (deprecated no-op upstream).
+    #[arg(long, default_value = "0s")]
+    pub node_sync_period: String,
+    /// Node initialisation workers (upstream default 1; must be > 0).
+    #[arg(long, default_value_t = 1)]
+    pub concurrent_node_syncs: i64,
+    /// Workers of the node address loop (0 = use --concurrent-node-syncs).
+    #[arg(long, default_value_t = 0)]
+    pub concurrent_node_status_updates: i64,
+    /// Service workers (must be > 0).
+    #[arg(long, default_value_t = 1)]
+    pub concurrent_service_syncs: i64,
+    /// Also handle LoadBalancer services of this class (repeatable). Beyond upstream, off by default.
+    #[arg(long = "load-balancer-class")]
+    pub load_balancer_classes: Vec<String>,
+    /// Leave services without a loadBalancerClass to another controller.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub ignore_classless_services: bool,
+    /// Deadline of every provider call.
+    #[arg(long, default_value = "30s")]
+    pub provider_call_timeout: String,
+
+    // ---- leader election ----
+    /// Run leader election (only the lease holder runs controllers).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Lease duration.
+    #[arg(long, default_value = "15s")]
+    pub leader_elect_lease_duration: String,
+    /// Renew deadline.
+    #[arg(long, default_value = "10s")]
+    pub leader_elect_renew_deadline: String,
+    /// Retry period.
+    #[arg(long, default_value = "2s")]
+    pub leader_elect_retry_period: String,
+    /// Lock type; only `leases` is supported.
+    #[arg(long, default_value = "leases")]
+    pub leader_elect_resource_lock: String,
+    /// Lease name.
+    #[arg(long, default_value = "cloud-controller-manager")]
+    pub leader_elect_resource_name: String,
+    /// Lease namespace.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+
+    // ---- client ----
+    /// Path to a kubeconfig (default: in-cluster config, then ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of the API server (overrides the kubeconfig's server).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Client-side requests per second to the API server.
+    #[arg(long, default_value_t = 20.0)]
+    pub kube_api_qps: f64,
+    /// Client-side burst to the API server.
+    #[arg(long, default_value_t = 30)]
+    pub kube_api_burst: i64,
+
+    // ---- serving ----
+    /// Port of the HTTP endpoints (/healthz, /readyz, /metrics); 0 disables serving.
+    #[arg(long, default_value_t = 10258)]
+    pub secure_port: u16,
+    /// Address the endpoints listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+}
+
+/// Validated settings of a run.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Controller settings.
+    pub controllers: ControllerConfig,
+    /// Selected controllers.
+    pub selection: ControllerSelection,
+    /// Provider call deadline.
+    pub provider_call_timeout: Duration,
+    /// Lease duration.
+    pub lease_duration: Duration,
+    /// Renew deadline.
+    pub renew_deadline: Duration,
+    /// Retry period.
+    pub retry_period: Duration,
+}
+
+impl RunArgs {
+    /// Validate every flag; `Err` holds one message per problem.
+    pub fn validate(&self) -> Result<RunSettings, Vec<String>> {
+        let mut errors = Vec::new();
+        let mut duration = |flag: &str, value: &str, allow_zero: bool| -> Duration {
+            match crate::duration::parse(value) {
+                Ok(d) if d.is_zero() && !allow_zero => {
+                    errors.push(format!("--{flag} must be greater than 0, got {value:?}"));
+                    d
+                }
+                Ok(d) => d,
+                Err(e) => {
+                    errors.push(format!("--{flag}: {e}"));
+                    Duration::ZERO
+                }
+            }
+        };
+        let route_period = duration(
+            "route-reconciliation-period",
+            &self.route_reconciliation_period,
+            false,
+        );
+        let monitor = duration("node-monitor-period", &self.node_monitor_period, false);
+        let status = duration(
+            "node-status-update-frequency",
+            &self.node_status_update_frequency,
+            false,
+        );
+        let _ = duration("node-sync-period", &self.node_sync_period, true);
+        let call_timeout = duration("provider-call-timeout", &self.provider_call_timeout, false);
+        let lease = duration(
+            "leader-elect-lease-duration",
+            &self.leader_elect_lease_duration,
+            false,
+        );
+        let renew = duration(
+            "leader-elect-renew-deadline",
+            &self.leader_elect_renew_deadline,
+            false,
+        );
+        let retry = duration(
+            "leader-elect-retry-period",
+            &self.leader_elect_retry_period,
+            false,
+        );
+
+        if self.cloud_provider.trim().is_empty() {
+            errors.push("--cloud-provider cannot be empty".into());
+        }
+        if self.concurrent_node_syncs <= 0 {
+            errors.push(format!(
+                "--concurrent-node-syncs must be greater than 0, got {} (0 would silently stop node initialisation)",
+                self.concurrent_node_syncs
+            ));
+        }
+        if self.concurrent_node_status_updates < 0 {
+            errors.push(format!(
+                "--concurrent-node-status-updates must be 0 or more, got {}",
+                self.concurrent_node_status_updates
+            ));
+        }
+        if self.concurrent_service_syncs <= 0 {
+            errors.push(format!(
+                "--concurrent-service-syncs must be greater than 0, got {} (0 would silently stop load balancer work)",
+                self.concurrent_service_syncs
+            ));
+        }
+        if self.leader_elect {
+            if self.leader_elect_resource_lock != "leases" {
+                errors.push(format!(
+                    "--leader-elect-resource-lock must be \"leases\", got {:?}",
+                    self.leader_elect_resource_lock
+                ));
+            }
+            if !lease.is_zero() && !renew.is_zero() && renew >= lease {
+                errors.push(format!(
+                    "--leader-elect-renew-deadline ({}) must be less than --leader-elect-lease-duration ({})",
+                    self.leader_elect_renew_deadline, self.leader_elect_lease_duration
+                ));
+            }
+            if lease.as_secs() == 0 && !lease.is_zero() {
+                errors.push("--leader-elect-lease-duration must be at least 1s".into());
+            }
+        }
+        if self.kube_api_qps <= 0.0 {
+            errors.push(format!(
+                "--kube-api-qps must be greater than 0, got {}",
+                self.kube_api_qps
+            ));
+        }
+        if self.kube_api_burst <= 0 {
+            errors.push(format!(
+                "--kube-api-burst must be greater than 0, got {}",
+                self.kube_api_burst
+            ));
+        }
+        for class in &self.load_balancer_classes {
+            if class.trim().is_empty() {
+                errors.push("--load-balancer-class cannot be empty".into());
+            }
+        }
+        let selection = match ControllerSelection::parse(&self.controllers) {
+            Ok(s) => Some(s),
+            Err(errs) => {
+                errors.extend(errs.into_iter().map(|e| format!("--controllers: {e}")));
+                None
+            }
+        };
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let to_usize = |v: i64| usize::try_from(v).unwrap_or(1);
+        Ok(RunSettings {
+            controllers: ControllerConfig {
+                cluster_name: self.cluster_name.clone(),
+                node_monitor_period: monitor,
+                node_status_update_frequency: status,
+                concurrent_node_syncs: to_usize(self.concurrent_node_syncs),
+                concurrent_node_status_updates: to_usize(self.concurrent_node_status_updates),
+                concurrent_service_syncs: to_usize(self.concurrent_service_syncs),
+                route_reconciliation_period: route_period,
+                load_balancer_classes: self.load_balancer_classes.clone(),
+                ignore_classless_services: self.ignore_classless_services,
+            },
+            selection: selection.expect("no errors means the selection parsed"),
+            provider_call_timeout: call_timeout,
+            lease_duration: lease,
+            renew_deadline: renew,
+            retry_period: retry,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> RunArgs {
+        let mut full = vec!["ccm-host", "--plugin-dir", "/plugins"];
+        full.extend_from_slice(args);
+        Wrapper::try_parse_from(full).expect("flags parse").run
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let a = parse(&["--cloud-provider", "fake"]);
+        let s = a.validate().unwrap();
+        assert_eq!(s.controllers.cluster_name, "kubernetes");
+        assert_eq!(s.controllers.node_monitor_period, Duration::from_secs(5));
+        assert_eq!(
+            s.controllers.node_status_update_frequency,
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            s.controllers.route_reconciliation_period,
+            Duration::from_secs(10)
+        );
+        assert_eq!(s.controllers.concurrent_node_syncs, 1);
+        assert_eq!(s.controllers.concurrent_service_syncs, 1);
+        assert_eq!(
+            (s.lease_duration, s.renew_deadline, s.retry_period),
+            (
+                Duration::from_secs(15),
+                Duration::from_secs(10),
+                Duration::from_secs(2)
+            )
+        );
+        assert!(a.leader_elect && a.configure_cloud_routes && !a.allocate_node_cidrs);
+        assert_eq!(a.secure_port, 10258);
+        assert_eq!((a.kube_api_qps, a.kube_api_burst), (20.0, 30));
+        assert_eq!(a.leader_elect_resource_name, "cloud-controller-manager");
+        assert_eq!(a.leader_elect_resource_namespace, "kube-system");
+        assert_eq!(s.selection.enabled().len(), 4);
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let a = parse(&[
+            "--concurrent-node-syncs=0",
+            "--concurrent-service-syncs=0",
+            "--node-monitor-period=5",
+            "--controllers=*,-bogus",
+            "--leader-elect-renew-deadline=20s",
+        ]);
+        let errs = a.validate().unwrap_err();
+        assert_eq!(errs.len(), 6, "{errs:#?}");
+        assert!(errs.iter().any(|e| e == "--cloud-provider cannot be empty"));
+        assert!(errs
+            .iter()
+            .any(|e| e.starts_with("--concurrent-node-syncs must be greater than 0")));
+        assert!(errs
+            .iter()
+            .any(|e| e.starts_with("--concurrent-service-syncs must be greater than 0")));
+        assert!(errs
+            .iter()
+            .any(|e| e.contains("--node-monitor-period") && e.contains("missing unit")));
+        assert!(errs
+            .iter()
+            .any(|e| e == "--controllers: \"bogus\" is not in the list of known controllers"));
+        assert!(errs
+            .iter()
+            .any(|e| e.contains("must be less than --leader-elect-lease-duration")));
+    }
+
+    #[test]
+    fn flags_take_go_durations_and_booleans_with_values() {
+        let a = parse(&[
+            "--cloud-provider=fake",
+            "--node-status-update-frequency=1m30s",
+            "--configure-cloud-routes=false",
+            "--leader-elect=false",
+            "--controllers=cloud-node,service",
+        ]);
+        let s = a.validate().unwrap();
+        assert_eq!(
+            s.controllers.node_status_update_frequency,
+            Duration::from_secs(90)
+        );
+        assert!(!a.configure_cloud_routes && !a.leader_elect);
+        assert_eq!(s.selection.enabled().len(), 2);
+    }
+}

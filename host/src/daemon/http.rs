@@ -1,0 +1,151 @@
+//! The HTTP endpoints: `/healthz` (and `/healthz/<check>`), `/readyz`, `/metrics`.
+//!
+//! `/healthz` has upstream's checks: `leaderElection` when leader election is on, then one
+//! always-passing check per started controller (named with its canonical name), added once the
+//! controllers have started; with no checks, `ping`. Beyond upstream, `/readyz` answers `ok`
+//! once the provider is loaded and the API client is built (a standby replica is ready).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+/// A health check: `Ok(())` or the reason it fails.
+pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Shared state of the endpoints.
+#[derive(Clone, Default)]
+pub struct Health {
+    checks: Arc<Mutex<BTreeMap<String, Check>>>,
+    order: Arc<Mutex<Vec<String>>>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Health {
+    /// Register a named check.
+    pub fn add_check(&self, name: &str, check: Check) {
+        let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        if checks.insert(name.to_string(), check).is_none() {
+            self.order
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(name.to_string());
+        }
+    }
+
+    /// Mark the process ready (`/readyz`).
+    pub fn set_ready(&self) {
+        self.ready.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn run_checks(&self, only: Option<&str>) -> Option<(bool, String)> {
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let order = self.order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let names: Vec<String> = if order.is_empty() {
+            vec!["ping".into()]
+        } else {
+            order
+        };
+        let names: Vec<String> = match only {
+            Some(one) => names.into_iter().filter(|n| n == one).collect(),
+            None => names,
+        };
+        if names.is_empty() {
+            return None;
+        }
+        let mut ok = true;
+        let mut report = String::new();
+        for name in &names {
+            let result = checks.get(name).map_or(Ok(()), |c| c());
+            match result {
+                Ok(()) => report.push_str(&format!("[+]{name} ok\n")),
+                Err(why) => {
+                    ok = false;
+                    report.push_str(&format!("[-]{name} failed: {why}\n"));
+                }
+            }
+        }
+        Some((ok, report))
+    }
+}
+
+async fn healthz(State((health, _)): State<(Health, Arc<Registry>)>) -> impl IntoResponse {
+    match health.run_checks(None) {
+        Some((true, _)) => (StatusCode::OK, "ok".to_string()),
+        Some((false, report)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{report}healthz check failed\n"),
+        ),
+        None => (StatusCode::OK, "ok".to_string()),
+    }
+}
+
+async fn healthz_one(
+    State((health, _)): State<(Health, Arc<Registry>)>,
+    Path(name): Path<String>,
+) -> impl IntoResponse {
+    match health.run_checks(Some(&name)) {
+        Some((true, _)) => (StatusCode::OK, "ok".to_string()),
+        Some((false, report)) => (StatusCode::INTERNAL_SERVER_ERROR, report),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no health check named {name:?}\n"),
+        ),
+    }
+}
+
+async fn readyz(State((health, _)): State<(Health, Arc<Registry>)>) -> impl IntoResponse {
+    if health.ready.load(std::sync::atomic::Ordering::Acquire) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+async fn metrics(State((_, registry)): State<(Health, Arc<Registry>)>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::render(&registry),
+    )
+}
+
+/// The router (exposed for tests).
+pub fn router(health: Health, registry: Arc<Registry>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/healthz/{name}", get(healthz_one))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state((health, registry))
+}
+
+/// Serve until `stop` is cancelled; returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    health: Health,
+    registry: Arc<Registry>,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = router(health, registry);
+    tokio::spawn(async move {
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = result {
+            tracing::error!("HTTP endpoint server failed: {e}");
+        }
+    });
+    Ok(local)
+}

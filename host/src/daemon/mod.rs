@@ -1,0 +1,408 @@
+//! `ccm-host run`: the cloud-controller-manager daemon (spec §3.2).
+//!
+//! Start-up order as upstream: validate flags (every problem reported, exit 2) → load plugins and
+//! build the selected provider on every replica (HasClusterID check) → API client → HTTP
+//! endpoints → leader election (kube-lease-manager, Lease `kube-system/cloud-controller-manager`)
+//! → on leadership: `Initialize`, shared informers, then each enabled controller. Losing the
+//! lease exits with status 1 like upstream; SIGTERM/SIGINT stop the controllers, release the
+//! lease and exit 0.
+
+pub mod flags;
+pub mod http;
+pub mod selection;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::controllers::{self, ControllerContext};
+use crate::informer::SharedInformer;
+use crate::metrics::Metrics;
+use crate::plugin::PluginRegistry;
+use crate::provider::{HostServices, Provider, ProviderOptions};
+pub use flags::{RunArgs, RunSettings};
+use selection::ControllerName;
+
+/// Exit code for invalid flags or an unusable provider/plugin (as upstream's flag errors).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code when the lease is lost or a controller fails to start (as upstream's fatal exits).
+pub const EXIT_FATAL: i32 = 1;
+
+/// How long shutdown waits for controllers before releasing the lease anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Run the daemon; returns the process exit code.
+pub async fn run(args: RunArgs, max_log_level: u8) -> i32 {
+    let settings = match args.validate() {
+        Ok(s) => s,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return EXIT_USAGE;
+        }
+    };
+    if let Some(w) = settings.selection.warning() {
+        tracing::warn!("{w}");
+    }
+
+    // Provider factory on every replica, before leader election.
+    let provider = match build_provider(&args, &settings, max_log_level) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    if !provider.has_cluster_id() {
+        if args.allow_untagged_cloud {
+            tracing::warn!("detected a cluster without a ClusterID; running anyway because --allow-untagged-cloud is set");
+        } else {
+            eprintln!(
+                "error: no ClusterID found. A ClusterID is required for the cloud provider to function properly. \
+                 This check can be bypassed by setting --allow-untagged-cloud"
+            );
+            return EXIT_USAGE;
+        }
+    }
+    let client = match build_client(&args).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let identity = identity();
+    let stop = CancellationToken::new();
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let registry = Arc::new(registry);
+    let health = http::Health::default();
+    if args.secure_port != 0 {
+        let addr = SocketAddr::new(args.bind_address, args.secure_port);
+        match http::serve(addr, health.clone(), registry.clone(), stop.clone()).await {
+            Ok(bound) => tracing::info!("serving /healthz, /readyz and /metrics on http://{bound}"),
+            Err(e) => {
+                eprintln!("error: cannot listen on {addr} (--bind-address/--secure-port): {e}");
+                return EXIT_USAGE;
+            }
+        }
+    }
+    health.set_ready();
+
+    let daemon = Daemon {
+        args,
+        settings,
+        provider,
+        client,
+        identity,
+        metrics,
+        health,
+        stop,
+    };
+    daemon.run().await
+}
+
+struct Daemon {
+    args: RunArgs,
+    settings: RunSettings,
+    provider: Provider,
+    client: Client,
+    identity: String,
+    metrics: Arc<Metrics>,
+    health: http::Health,
+    stop: CancellationToken,
+}
+
+impl Daemon {
+    async fn run(self) -> i32 {
+        if !self.args.leader_elect {
+            let handles = match self.start_controllers().await {
+                Ok(h) => h,
+                Err(code) => return code,
+            };
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            self.stop_controllers(handles).await;
+            return 0;
+        }
+
+        let lease_secs = self.settings.lease_duration.as_secs().max(1);
+        let grace = lease_secs
+            .saturating_sub(self.settings.renew_deadline.as_secs())
+            .max(1);
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(
+            self.client.clone(),
+            &self.args.leader_elect_resource_name,
+        )
+        .with_namespace(&self.args.leader_elect_resource_namespace)
+        .with_identity(&self.identity)
+        .with_duration(lease_secs)
+        .with_grace(grace)
+        .build()
+        .await;
+        let manager = match manager {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("error: leader election: {e}");
+                return EXIT_FATAL;
+            }
+        };
+        let (mut leader, lease_task) = manager.watch().await;
+        let alive = Arc::new(AtomicBool::new(true));
+        {
+            let alive = alive.clone();
+            self.health.add_check(
+                "leaderElection",
+                Arc::new(move || {
+                    if alive.load(std::sync::atomic::Ordering::Acquire) {
+                        Ok(())
+                    } else {
+                        Err("the lease manager stopped".into())
+                    }
+                }),
+            );
+        }
+        tracing::info!(identity = %self.identity, "waiting for the lease {}/{}", self.args.leader_elect_resource_namespace, self.args.leader_elect_resource_name);
+
+        // Wait to become leader (or for a signal).
+        let signal = wait_for_signal();
+        tokio::pin!(signal);
+        loop {
+            if *leader.borrow_and_update() {
+                break;
+            }
+            tokio::select! {
+                _ = &mut signal => {
+                    drop(leader);
+                    release(lease_task).await;
+                    return 0;
+                }
+                changed = leader.changed() => if changed.is_err() {
+                    eprintln!("error: leader election stopped unexpectedly");
+                    return EXIT_FATAL;
+                }
+            }
+        }
+        tracing::info!(identity = %self.identity, "became leader; starting controllers");
+        let handles = match self.start_controllers().await {
+            Ok(h) => h,
+            Err(code) => {
+                drop(leader);
+                release(lease_task).await;
+                return code;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = &mut signal => {
+                    tracing::info!("shutting down: stopping controllers and releasing the lease");
+                    self.stop_controllers(handles).await;
+                    drop(leader);
+                    release(lease_task).await;
+                    return 0;
+                }
+                changed = leader.changed() => {
+                    if changed.is_err() || !*leader.borrow_and_update() {
+                        alive.store(false, std::sync::atomic::Ordering::Release);
+                        tracing::error!("leaderelection lost");
+                        self.stop.cancel();
+                        return EXIT_FATAL;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Initialize the provider, start the informers and every enabled controller.
+    async fn start_controllers(&self) -> Result<Vec<(ControllerName, JoinHandle<()>)>, i32> {
+        let host = HostServices::new(
+            &self.settings.controllers.cluster_name,
+            Some(self.client.clone()),
+            Arc::new(AtomicBool::new(false)),
+        );
+        if let Err(e) = self.provider.initialize(host).await {
+            eprintln!("error: cloud provider Initialize failed: {e}");
+            return Err(EXIT_FATAL);
+        }
+        let nodes = SharedInformer::start(
+            Api::<Node>::all(self.client.clone()),
+            watcher::Config::default(),
+            self.stop.clone(),
+        );
+        let services = SharedInformer::start(
+            Api::<Service>::all(self.client.clone()),
+            watcher::Config::default(),
+            self.stop.clone(),
+        );
+        let ctx = ControllerContext {
+            client: self.client.clone(),
+            provider: self.provider.clone(),
+            nodes,
+            services,
+            metrics: self.metrics.clone(),
+            config: Arc::new(self.settings.controllers.clone()),
+            host_identity: self.identity.clone(),
+            stop: self.stop.clone(),
+        };
+        let mut handles = Vec::new();
+        for name in self.settings.selection.enabled() {
+            match start_controller(name, &ctx, &self.args) {
+                Ok(Some(handle)) => {
+                    tracing::info!(controller = name.canonical, "started");
+                    handles.push((name, handle));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("error: starting {}: {e}", name.canonical);
+                    self.stop.cancel();
+                    return Err(EXIT_FATAL);
+                }
+            }
+        }
+        for (name, _) in &handles {
+            self.health.add_check(name.canonical, Arc::new(|| Ok(())));
+        }
+        Ok(handles)
+    }
+
+    async fn stop_controllers(&self, handles: Vec<(ControllerName, JoinHandle<()>)>) {
+        self.stop.cancel();
+        let all = futures::future::join_all(handles.into_iter().map(|(_, h)| h));
+        if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
+            tracing::warn!("controllers did not stop within {SHUTDOWN_GRACE:?}");
+        }
+    }
+}
+
+/// Start one controller: `Ok(None)` when its start conditions say "not started" (logged, as
+/// upstream), `Err` for a fatal start error.
+fn start_controller(
+    name: ControllerName,
+    ctx: &ControllerContext,
+    args: &RunArgs,
+) -> Result<Option<JoinHandle<()>>, String> {
+    match name.alias {
+        "route" => {
+            match controllers::route::check(ctx, args.configure_cloud_routes, &args.cluster_cidr) {
+                Ok(cidrs) => Ok(Some(tokio::spawn(controllers::route::run(
+                    ctx.clone(),
+                    cidrs,
+                )))),
+                Err(Ok(not_started)) => {
+                    tracing::warn!(controller = name.canonical, "not started: {not_started}");
+                    Ok(None)
+                }
+                Err(Err(fatal)) => Err(fatal),
+            }
+        }
+        other => {
+            tracing::warn!(
+                controller = other,
+                "not started: this controller is not available in this build yet"
+            );
+            Ok(None)
+        }
+    }
+}
+
+async fn release(task: JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>) {
+    match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
+        Ok(Ok(Ok(_))) => tracing::info!("released the lease"),
+        Ok(Ok(Err(e))) => tracing::warn!("could not release the lease: {e}"),
+        Ok(Err(e)) => tracing::warn!("lease task failed: {e}"),
+        Err(_) => tracing::warn!("lease release timed out"),
+    }
+}
+
+fn build_provider(
+    args: &RunArgs,
+    settings: &RunSettings,
+    max_log_level: u8,
+) -> Result<Provider, String> {
+    let registry = PluginRegistry::load_dirs(
+        &args.plugins.plugin_dirs,
+        &args.plugins.loader_options(max_log_level),
+    )
+    .map_err(|e| e.to_string())?;
+    let config = match &args.cloud_config {
+        Some(path) => Some(
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read --cloud-config {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let options = ProviderOptions {
+        call_timeout: settings.provider_call_timeout,
+    };
+    let provider = registry
+        .create(&args.cloud_provider, config.as_deref(), &options)
+        .map_err(|e| e.to_string())?;
+    tracing::info!(
+        provider = provider.registered_name(),
+        plugin = %provider.plugin_path().display(),
+        capabilities = ?provider.capabilities().names(),
+        "cloud provider ready"
+    );
+    Ok(provider)
+}
+
+async fn build_client(args: &RunArgs) -> Result<Client, String> {
+    let mut config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("invalid --kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no Kubernetes API configuration (in-cluster or ~/.kube/config): {e}; pass --kubeconfig"))?,
+    };
+    if let Some(master) = &args.master {
+        config.cluster_url = master
+            .parse()
+            .map_err(|e| format!("invalid --master {master:?}: {e}"))?;
+    }
+    Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+}
+
+/// `<hostname>_<random>` like upstream's leader-election identity.
+fn identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "ccm-host".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{host}_{:x}{:x}", nanos, std::process::id())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for SIGTERM: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("received SIGTERM"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("received SIGINT"),
+    }
+}

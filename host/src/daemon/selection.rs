@@ -1,0 +1,171 @@
+//! `--controllers`: which controllers run, with upstream's exact semantics (spec §3.1).
+
+/// One controller: canonical name, alias, short name used by metrics and `/healthz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControllerName {
+    /// Canonical name (`cloud-node-controller`).
+    pub canonical: &'static str,
+    /// Alias (`cloud-node`), also the `running_managed_controllers` name.
+    pub alias: &'static str,
+}
+
+/// Every controller the host knows, in start order.
+pub const CONTROLLERS: [ControllerName; 4] = [
+    ControllerName {
+        canonical: "cloud-node-controller",
+        alias: "cloud-node",
+    },
+    ControllerName {
+        canonical: "cloud-node-lifecycle-controller",
+        alias: "cloud-node-lifecycle",
+    },
+    ControllerName {
+        canonical: "service-lb-controller",
+        alias: "service",
+    },
+    ControllerName {
+        canonical: "node-route-controller",
+        alias: "route",
+    },
+];
+
+/// The parsed `--controllers` list (aliases rewritten to canonical names, dashes kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerSelection {
+    items: Vec<String>,
+}
+
+impl ControllerSelection {
+    /// Parse a comma list of `*`, `name` and `-name` items. Unknown names give upstream's error
+    /// text, one per unknown item.
+    pub fn parse(items: &[String]) -> Result<Self, Vec<String>> {
+        let mut resolved = Vec::new();
+        let mut errors = Vec::new();
+        for raw in items.iter().flat_map(|i| i.split(',')) {
+            let item = raw.trim();
+            if item == "*" {
+                resolved.push(item.to_string());
+                continue;
+            }
+            let (dash, name) = match item.strip_prefix('-') {
+                Some(rest) => ("-", rest),
+                None => ("", item),
+            };
+            match CONTROLLERS
+                .iter()
+                .find(|c| c.canonical == name || c.alias == name)
+            {
+                Some(c) => resolved.push(format!("{dash}{}", c.canonical)),
+                None => errors.push(format!("{name:?} is not in the list of known controllers")),
+            }
+        }
+        if errors.is_empty() {
+            Ok(Self { items: resolved })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Upstream's rule: the first item equal to `name` enables it, the first equal to `-name`
+    /// disables it; if neither appears, it is enabled iff `*` appears anywhere.
+    pub fn is_enabled(&self, canonical: &str) -> bool {
+        for item in &self.items {
+            if item == canonical {
+                return true;
+            }
+            if item.strip_prefix('-') == Some(canonical) {
+                return false;
+            }
+        }
+        self.items.iter().any(|i| i == "*")
+    }
+
+    /// The enabled controllers, in start order.
+    pub fn enabled(&self) -> Vec<ControllerName> {
+        CONTROLLERS
+            .into_iter()
+            .filter(|c| self.is_enabled(c.canonical))
+            .collect()
+    }
+
+    /// A warning for selections that are almost certainly a mistake: only `-name` items
+    /// disable everything (upstream semantics), where `*,-name` was meant.
+    pub fn warning(&self) -> Option<String> {
+        if !self.items.is_empty() && self.items.iter().all(|i| i.starts_with('-')) {
+            let list = self.items.join(",");
+            return Some(format!(
+                "--controllers={list} disables every controller (only '-name' items and no '*'); \
+                 did you mean --controllers=*,{list}?"
+            ));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sel(s: &str) -> ControllerSelection {
+        ControllerSelection::parse(&[s.to_string()]).unwrap()
+    }
+
+    fn names(s: &ControllerSelection) -> Vec<&'static str> {
+        s.enabled().iter().map(|c| c.alias).collect()
+    }
+
+    #[test]
+    fn upstream_matrix() {
+        assert_eq!(
+            names(&sel("*")),
+            ["cloud-node", "cloud-node-lifecycle", "service", "route"]
+        );
+        assert_eq!(
+            names(&sel("*,-route")),
+            ["cloud-node", "cloud-node-lifecycle", "service"]
+        );
+        assert_eq!(
+            names(&sel("*,-node-route-controller")),
+            ["cloud-node", "cloud-node-lifecycle", "service"]
+        );
+        assert_eq!(names(&sel("service,route")), ["service", "route"]);
+        assert!(
+            names(&sel("-route")).is_empty(),
+            "a lone -name disables everything"
+        );
+        assert!(sel("-route")
+            .warning()
+            .unwrap()
+            .contains("did you mean --controllers=*,-node-route-controller"));
+        assert!(sel("*,-route").warning().is_none());
+        // The first occurrence wins.
+        assert_eq!(
+            names(&sel("-service,service,*")),
+            ["cloud-node", "cloud-node-lifecycle", "route"]
+        );
+        assert_eq!(names(&sel("service,-service")), ["service"]);
+    }
+
+    #[test]
+    fn unknown_names_use_upstream_text() {
+        let err = ControllerSelection::parse(&["*,-bogus,nodeipam".to_string()]).unwrap_err();
+        assert_eq!(
+            err,
+            [
+                "\"bogus\" is not in the list of known controllers",
+                "\"nodeipam\" is not in the list of known controllers"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_follow_upstream_conventions() {
+        for c in CONTROLLERS {
+            assert!(c.canonical.ends_with("-controller"));
+            assert!(c
+                .canonical
+                .chars()
+                .all(|ch| ch.is_ascii_lowercase() || ch == '-'));
+        }
+    }
+}
