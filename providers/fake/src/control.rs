@@ -147,9 +147,14 @@ pub fn wait_for_calls(
 }
 
 /// Write `dir/control.yaml` atomically (temp file + rename, so the plugin always notices the
-/// change and never reads half a file). `stateDir` must not be set in `config`.
+/// change and never reads half a file). `stateDir` is left out (it cannot change at run time), so
+/// the config given to the factory can be reused as is.
 pub fn write_control(dir: &Path, config: &FakeConfig) -> io::Result<()> {
-    let text = yaml_serde::to_string(config).map_err(io::Error::other)?;
+    let config = FakeConfig {
+        state_dir: None,
+        ..config.clone()
+    };
+    let text = yaml_serde::to_string(&config).map_err(io::Error::other)?;
     write_atomic(&dir.join(CONTROL_FILE), text.as_bytes())
 }
 

@@ -847,3 +847,14 @@ fn concurrent_calls_keep_one_line_each() {
     let seqs: Vec<u64> = calls.iter().map(|c| c.seq).collect();
     assert_eq!(seqs, (1..=1000).collect::<Vec<_>>());
 }
+
+#[test]
+fn documented_example_config_parses() {
+    let doc = include_str!("../../../docs/fake-provider.md");
+    let start = doc.find("```yaml\n").expect("doc has a yaml example") + "```yaml\n".len();
+    let end = start + doc[start..].find("```").unwrap();
+    let config = FakeConfig::parse(doc[start..end].as_bytes()).expect("documented example parses");
+    assert_eq!(config.instances[0].name, "node-a");
+    assert_eq!(config.routes.len(), 1);
+    assert_eq!(config.errors.len(), 3);
+}
