@@ -853,7 +853,7 @@ fn documented_example_config_parses() {
     let doc = include_str!("../../../docs/fake-provider.md");
     let start = doc.find("```yaml\n").expect("doc has a yaml example") + "```yaml\n".len();
     let end = start + doc[start..].find("```").unwrap();
-    let config = FakeConfig::parse(doc[start..end].as_bytes()).expect("documented example parses");
+    let config = FakeConfig::parse(&doc.as_bytes()[start..end]).expect("documented example parses");
     assert_eq!(config.instances[0].name, "node-a");
     assert_eq!(config.routes.len(), 1);
     assert_eq!(config.errors.len(), 3);
