@@ -297,7 +297,7 @@ impl FakeCloud {
         Ok(())
     }
 
-    /// The `Host` handed to `initialize`, once it was called.
+    /// True once `initialize` was called (the cloud keeps the `Host` it was given).
     pub fn is_initialized(&self) -> bool {
         lock(&self.inner.host).is_some()
     }
