@@ -1,0 +1,282 @@
+//! `ccm-host run` as a real process: flag errors, leader election between two replicas
+//! against the in-memory API server, takeover after the leader dies, SIGTERM releasing the
+//! lease, and the HTTP endpoints.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ccm_host::apiserver::ApiServer;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
+
+/// The fake plugin cargo built for this test run (a dev-dependency), copied into `dir`.
+fn plugin_dir(dir: &Path) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libccm_provider_fake.so"))
+        .find(|p| p.is_file())
+        .expect("libccm_provider_fake.so built by cargo");
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(so, plugins.join("libccm_provider_fake.so")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+    plugins
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Replica {
+    child: Child,
+    port: u16,
+    state_dir: PathBuf,
+}
+
+impl Replica {
+    fn start(dir: &Path, name: &str, kubeconfig: &Path, extra: &[&str]) -> Replica {
+        let state_dir = dir.join(format!("state-{name}"));
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let config = dir.join(format!("cloud-{name}.yaml"));
+        std::fs::write(&config, format!("stateDir: {}\n", state_dir.display())).unwrap();
+        let port = free_port();
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--plugin-dir")
+            .arg(plugin_dir(dir))
+            .args(["--cloud-provider", "fake", "--cloud-config"])
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &port.to_string(),
+            ])
+            .args([
+                "--leader-elect-lease-duration",
+                "3s",
+                "--leader-elect-renew-deadline",
+                "2s",
+            ])
+            .args([
+                "--leader-elect-retry-period",
+                "1s",
+                "--cluster-cidr",
+                "10.244.0.0/16",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ccm-host starts");
+        Replica {
+            child,
+            port,
+            state_dir,
+        }
+    }
+
+    /// How many times the provider was initialised (once per leadership).
+    fn initialized(&self) -> usize {
+        std::fs::read_to_string(self.state_dir.join("calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"call\":\"initialize\""))
+            .count()
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let code = out.split_whitespace().nth(1)?.parse().ok()?;
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Some((code, body))
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn holder(server: &ApiServer) -> Option<String> {
+    let lease: Value = server.controls().get(
+        "leases.coordination.k8s.io",
+        "kube-system",
+        "cloud-controller-manager",
+    )?;
+    lease["spec"]["holderIdentity"]
+        .as_str()
+        .map(str::to_string)
+        .filter(|h| !h.is_empty())
+}
+
+#[test]
+fn invalid_flags_report_every_problem_and_exit_2() {
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--plugin-dir",
+            "/nonexistent",
+            "--concurrent-node-syncs",
+            "0",
+        ])
+        .args(["--controllers", "*,-bogus", "--node-monitor-period", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    assert!(stderr.contains("error: --cloud-provider cannot be empty"));
+    assert!(
+        stderr.contains("error: --controllers: \"bogus\" is not in the list of known controllers")
+    );
+}
+
+#[test]
+fn unknown_provider_is_fatal_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--cloud-provider", "aws", "--plugin-dir"])
+        .arg(plugin_dir(dir.path()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown cloud provider \"aws\". Available: fake (from "),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_takeover_on_kill_and_sigterm_releases_the_lease() {
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+
+    let mut a = Replica::start(dir.path(), "a", &kubeconfig, &[]);
+    let mut b = Replica::start(dir.path(), "b", &kubeconfig, &[]);
+    let server_ref = &server;
+    tokio::task::block_in_place(|| {
+        wait_until("a lease holder", Duration::from_secs(30), || {
+            holder(server_ref).is_some()
+        });
+        wait_until(
+            "the leader initialised its provider",
+            Duration::from_secs(30),
+            || a.initialized() + b.initialized() == 1,
+        );
+    });
+    // Exactly one replica runs controllers; give the other time to (wrongly) start too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(a.initialized() + b.initialized(), 1, "never two leaders");
+    let (leader, standby) = if a.initialized() == 1 {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+
+    // Health and metrics on the leader.
+    let (code, body) =
+        tokio::task::block_in_place(|| leader.get("/healthz")).expect("healthz answers");
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, _) =
+        tokio::task::block_in_place(|| leader.get("/healthz/node-route-controller")).unwrap();
+    assert_eq!(code, 200, "a check per started controller");
+    let (code, _) =
+        tokio::task::block_in_place(|| standby.get("/healthz/node-route-controller")).unwrap();
+    assert_eq!(code, 404, "a standby only has leaderElection");
+    let (code, metrics) = tokio::task::block_in_place(|| leader.get("/metrics")).unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(
+            "running_managed_controllers{name=\"route\",manager=\"cloud-controller-manager\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        tokio::task::block_in_place(|| standby.get("/readyz"))
+            .unwrap()
+            .0
+            == 200
+    );
+
+    // Kill the leader without a chance to release: the standby takes over after the lease expires.
+    let first = holder(&server).unwrap();
+    leader.child.kill().unwrap();
+    let killed_at = Instant::now();
+    tokio::task::block_in_place(|| {
+        wait_until("takeover", Duration::from_secs(30), || {
+            holder(server_ref).is_some_and(|h| h != first) && standby.initialized() == 1
+        })
+    });
+    let takeover = killed_at.elapsed();
+    eprintln!("takeover after {takeover:?} (lease 3s, retry 1s)");
+
+    // SIGTERM: exit 0 and release the lease.
+    standby.signal(libc::SIGTERM);
+    let code = tokio::task::block_in_place(|| standby.wait_exit(Duration::from_secs(15)));
+    assert_eq!(code, Some(0), "SIGTERM exits 0");
+    assert_eq!(holder(&server), None, "the lease is released on SIGTERM");
+}
