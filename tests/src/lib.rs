@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: where cargo put the plugin `.so` files, and plugin
 //! directories assembled from them.
 
+pub mod apiserver_support;
 pub mod harness;
 
 use std::path::{Path, PathBuf};
