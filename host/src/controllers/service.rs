@@ -1,1 +1,0 @@
-//! In progress: see controllers/mod.rs for the list of controllers.

@@ -1,0 +1,819 @@
+//! The service load-balancer controller (canonical `service-lb-controller`, alias `service`):
+//! provisions a cloud load balancer for every Service of type `LoadBalancer`, keeps its hosts in
+//! line with the nodes, publishes its address in `status.loadBalancer`, and deletes it when the
+//! Service goes away (`../shared/spec/upstream-behavior.md` §2.3).
+//!
+//! Upstream behaviour, kept exactly:
+//! - The finalizer `service.kubernetes.io/load-balancer-cleanup` is added before any cloud call
+//!   and removed only after the load balancer is deleted; finalizer and `status.loadBalancer` are
+//!   patched through `services/status`, and only when they change (nil ingress == empty).
+//! - A `service` queue (`--concurrent-service-syncs` workers) and a `node` queue (one worker that
+//!   fans out over the cached load-balancer services with the same parallelism); both back off
+//!   per key from 5 s to 300 s. A provider `RetryAfter` error re-adds the service after exactly
+//!   that delay without counting a failure.
+//! - Node sync lists nodes fresh for each service, stores the host set as last-synced before the
+//!   cloud call, and retries failures through a full EnsureLoadBalancer on the service queue.
+//! - Events (component `service-controller`) with upstream reasons and messages.
+//!
+//! # Beyond upstream: loadBalancerClass routing
+//! Upstream ignores every Service that sets `spec.loadBalancerClass`. `--load-balancer-class
+//! NAME` (repeatable) makes this host also handle Services of class `NAME`; Services without a
+//! class keep the upstream behaviour unless `--ignore-classless-services` is set, which leaves
+//! them to another controller. Both are off by default, so the upstream semantics hold. A
+//! Service this host does not handle is treated exactly like upstream treats a Service with a
+//! class: it is not provisioned, and if it still carries our finalizer its deletion cleans up
+//! the load balancer this host created.
+//!
+//! # Deliberate differences (spec §6)
+//! - Reading and storing a service's last-synced host set happen under one lock (upstream takes
+//!   the lock twice), so two node syncs can never interleave between them.
+//! - A panic while syncing a service is turned into a sync error (rate-limited retry) instead of
+//!   killing the worker.
+
+pub mod node_sync;
+pub mod predicates;
+
+use std::collections::{BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ccm_provider_abi::{ErrorKind, ProviderError};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+use kube::runtime::reflector::ObjectRef;
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+use tokio::task::JoinSet;
+
+use super::{ControllerContext, NotStarted};
+use crate::events::{service_ref, EventRecorder, EventType};
+use crate::informer::Change;
+use crate::patches::{is_not_found, patch_service_status};
+use crate::workqueue::WorkQueue;
+
+use predicates::{
+    has_lb_finalizer, load_balancer_status_equal, needs_cleanup, needs_update,
+    should_sync_updated_node, split_key, stable_node_set, update_failed_message,
+};
+pub use predicates::{ClassPolicy, LB_CLEANUP_FINALIZER};
+
+/// Canonical controller name.
+pub const NAME: &str = "service-lb-controller";
+/// Alias.
+pub const ALIAS: &str = "service";
+/// Event source component.
+pub const COMPONENT: &str = "service-controller";
+/// Per-key backoff of both queues.
+pub const MIN_RETRY_DELAY: Duration = Duration::from_secs(5);
+/// Cap of the per-key backoff.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
+/// Service resync: services needing cleanup are re-queued this often.
+pub const SERVICE_SYNC_PERIOD: Duration = Duration::from_secs(30);
+
+const NO_NODES_MESSAGE: &str = "There are no available nodes for LoadBalancer";
+
+/// Start condition: the provider must support load balancers.
+pub fn check(ctx: &ControllerContext) -> Result<(), NotStarted> {
+    if ctx.provider.capabilities().load_balancer {
+        Ok(())
+    } else {
+        Err(NotStarted(
+            "the cloud provider does not support external load balancers".into(),
+        ))
+    }
+}
+
+/// Run until `ctx.stop` is cancelled (skipped with a warning if [`check`] fails).
+pub async fn run(ctx: ControllerContext) {
+    match ServiceController::new(ctx) {
+        Ok(c) => c.run().await,
+        Err(e) => tracing::warn!(controller = NAME, "not started: {e}"),
+    }
+}
+
+/// An error of one service sync. `Display` is the upstream error text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncError {
+    message: String,
+    retry_after: Option<Duration>,
+}
+
+impl SyncError {
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// A provider error returned as is (upstream returns it unwrapped, so a `RetryError` stays
+    /// detectable).
+    fn provider(e: &ProviderError) -> Self {
+        Self {
+            message: e.to_string(),
+            retry_after: e.retry_after_delay(),
+        }
+    }
+
+    /// The delay a provider `RetryAfter` error asked for, if this error wraps one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+impl std::fmt::Display for SyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SyncError {}
+
+/// How a processed service key went back on the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Success: backoff reset, not re-queued.
+    Forgotten,
+    /// Error: re-added with the key's exponential backoff (failure counted).
+    RateLimited,
+    /// Provider `RetryAfter`: re-added after exactly this delay (no failure counted).
+    After(Duration),
+}
+
+/// Which branch a sync took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Delete,
+    Ensure,
+}
+
+/// The controller's state. Most callers only need [`run`]; the methods are public so tests can
+/// drive single steps as upstream's unit tests do.
+pub struct ServiceController {
+    ctx: ControllerContext,
+    recorder: EventRecorder,
+    policy: ClassPolicy,
+    workers: usize,
+    /// Services processed and not yet deleted (upstream's service cache).
+    cache: Mutex<HashMap<String, Arc<Service>>>,
+    /// Host sets last sent to the cloud, per service key.
+    last_synced: Mutex<node_sync::LastSynced>,
+    service_queue: WorkQueue<String>,
+    node_queue: WorkQueue<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn service_key(svc: &Service) -> String {
+    predicates::service_key(svc)
+}
+
+fn node_key(node: &Node) -> String {
+    node.metadata.name.clone().unwrap_or_default()
+}
+
+impl ServiceController {
+    /// Build the controller (upstream `New`): fails when the provider has no LoadBalancer.
+    pub fn new(ctx: ControllerContext) -> Result<Arc<Self>, NotStarted> {
+        check(&ctx)?;
+        let recorder = ctx.recorder(COMPONENT);
+        let policy = ClassPolicy::from_config(&ctx.config);
+        let workers = ctx.config.concurrent_service_syncs.max(1);
+        Ok(Arc::new(Self {
+            recorder,
+            policy,
+            workers,
+            cache: Mutex::default(),
+            last_synced: Mutex::default(),
+            service_queue: WorkQueue::new("service", MIN_RETRY_DELAY, MAX_RETRY_DELAY),
+            node_queue: WorkQueue::new("node", MIN_RETRY_DELAY, MAX_RETRY_DELAY),
+            ctx,
+        }))
+    }
+
+    /// The service queue (keys `namespace/name`).
+    pub fn service_queue(&self) -> &WorkQueue<String> {
+        &self.service_queue
+    }
+
+    /// The node queue (keys: node names; any key syncs every service).
+    pub fn node_queue(&self) -> &WorkQueue<String> {
+        &self.node_queue
+    }
+
+    /// The cached (last processed) version of a service.
+    pub fn cached_service(&self, key: &str) -> Option<Arc<Service>> {
+        lock(&self.cache).get(key).cloned()
+    }
+
+    /// Names of the hosts last sent to the cloud for a service, sorted.
+    pub fn last_synced_node_names(&self, key: &str) -> Option<Vec<String>> {
+        lock(&self.last_synced).get(key).map(|nodes| {
+            let mut v: Vec<String> = nodes.iter().map(|n| node_key(n)).collect();
+            v.sort();
+            v
+        })
+    }
+
+    fn event(&self, svc: &Service, type_: EventType, reason: &str, message: impl Into<String>) {
+        self.recorder
+            .publish(service_ref(svc), type_, reason, message);
+    }
+
+    fn cluster(&self) -> &str {
+        &self.ctx.config.cluster_name
+    }
+
+    // ---- event handlers ---------------------------------------------------------------------
+
+    fn on_service_added(&self, svc: &Service) {
+        if self.policy.wants_load_balancer(svc) || needs_cleanup(svc) {
+            self.service_queue.add(service_key(svc));
+        }
+    }
+
+    fn on_service_updated(&self, old: &Service, new: &Service) {
+        if needs_update(&self.policy, old, new) || needs_cleanup(new) {
+            self.service_queue.add(service_key(new));
+        }
+    }
+
+    fn on_service_change(&self, change: &Change<Service>) {
+        match change {
+            Change::Added(svc) => self.on_service_added(svc),
+            Change::Updated { old, new } => self.on_service_updated(old, new),
+            // Deletion is driven by the deletionTimestamp update while the finalizer holds the
+            // object; a service deleted without it is found missing by a later sync.
+            Change::Deleted(_) => {}
+        }
+    }
+
+    fn on_node_change(&self, change: &Change<Node>) {
+        match change {
+            Change::Added(n) | Change::Deleted(n) => self.node_queue.add(node_key(n)),
+            Change::Updated { old, new } => {
+                if should_sync_updated_node(old, new) {
+                    self.node_queue.add(node_key(new));
+                }
+            }
+        }
+    }
+
+    /// What a (re)registered handler sees: an add for every cached object.
+    fn replay_all(&self) {
+        for svc in self.ctx.services.list() {
+            self.on_service_added(&svc);
+        }
+        for node in self.ctx.nodes.list() {
+            self.node_queue.add(node_key(&node));
+        }
+    }
+
+    /// Upstream's 30 s service resync: old == new, so only services needing cleanup re-queue.
+    fn resync_services(&self) {
+        for svc in self.ctx.services.list() {
+            if needs_cleanup(&svc) {
+                self.service_queue.add(service_key(&svc));
+            }
+        }
+    }
+
+    // ---- run loop ---------------------------------------------------------------------------
+
+    /// Run until `ctx.stop` is cancelled.
+    pub async fn run(self: Arc<Self>) {
+        let stop = self.ctx.stop.clone();
+        let mut services = self.ctx.services.subscribe();
+        let mut nodes = self.ctx.nodes.subscribe();
+        let synced = tokio::select! {
+            _ = stop.cancelled() => false,
+            ok = async { self.ctx.services.wait_synced().await && self.ctx.nodes.wait_synced().await } => ok,
+        };
+        if !synced {
+            return;
+        }
+        tracing::info!(
+            controller = NAME,
+            workers = self.workers,
+            "starting service controller"
+        );
+        self.ctx.metrics.set_running(ALIAS, true);
+        self.replay_all();
+
+        let mut tasks = JoinSet::new();
+        for _ in 0..self.workers {
+            let this = self.clone();
+            tasks.spawn(async move { while this.process_next_service_item().await.is_some() {} });
+        }
+        {
+            let this = self.clone();
+            tasks.spawn(async move { while this.process_next_node_item().await {} });
+        }
+
+        let mut resync = tokio::time::interval(SERVICE_SYNC_PERIOD);
+        resync.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = resync.tick() => self.resync_services(),
+                change = services.recv() => match change {
+                    Ok(c) => self.on_service_change(&c),
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.replay_all(),
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                change = nodes.recv() => match change {
+                    Ok(c) => self.on_node_change(&c),
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.replay_all(),
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+        self.service_queue.shutdown();
+        self.node_queue.shutdown();
+        // Workers in the middle of a provider call are dropped, which cancels the call.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        self.ctx.metrics.set_running(ALIAS, false);
+        tracing::info!(controller = NAME, "shutting down service controller");
+    }
+
+    /// Take one service key, sync it and re-queue it per the retry policy. `None` once the
+    /// queue is shut down.
+    pub async fn process_next_service_item(&self) -> Option<(String, Requeue)> {
+        let key = self.service_queue.get().await?;
+        let result = AssertUnwindSafe(self.sync_service(&key))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(SyncError::new(format!("panic while syncing service {key}"))));
+        let requeue = match result {
+            Ok(()) => {
+                self.service_queue.forget(&key);
+                Requeue::Forgotten
+            }
+            Err(e) => {
+                match e.retry_after() {
+                    Some(after) => {
+                        tracing::warn!(
+                            controller = NAME,
+                            "error processing service {key} (retrying in {after:?}): {e}"
+                        );
+                        self.service_queue.add_after(key.clone(), after);
+                        Requeue::After(after)
+                    }
+                    None => {
+                        tracing::error!(controller = NAME, "error processing service {key} (retrying with exponential backoff): {e}");
+                        self.service_queue.add_rate_limited(key.clone());
+                        Requeue::RateLimited
+                    }
+                }
+            }
+        };
+        self.service_queue.done(&key);
+        Some((key, requeue))
+    }
+
+    /// Take one node key and sync every service's hosts; services that failed are added to the
+    /// service queue. Returns false once the queue is shut down.
+    pub async fn process_next_node_item(&self) -> bool {
+        let Some(key) = self.node_queue.get().await else {
+            return false;
+        };
+        for svc in self.sync_nodes().await {
+            self.service_queue.add(svc);
+        }
+        self.node_queue.forget(&key);
+        self.node_queue.done(&key);
+        true
+    }
+
+    // ---- service sync -----------------------------------------------------------------------
+
+    /// Upstream `syncService`: sync one `namespace/name` key.
+    pub async fn sync_service(&self, key: &str) -> Result<(), SyncError> {
+        let (ns, name) = split_key(key).map_err(SyncError::new)?;
+        let found = self
+            .ctx
+            .services
+            .store()
+            .get(&ObjectRef::new(&name).within(&ns));
+        match found {
+            None => self.process_service_deletion(key).await,
+            Some(svc) => {
+                self.process_service_create_or_update((*svc).clone(), key)
+                    .await
+            }
+        }
+    }
+
+    async fn process_service_deletion(&self, key: &str) -> Result<(), SyncError> {
+        let Some(cached) = self.cached_service(key) else {
+            return Ok(());
+        };
+        tracing::info!(
+            controller = NAME,
+            "service {key} has been deleted; cleaning up its load balancer"
+        );
+        self.process_load_balancer_delete(&cached).await?;
+        lock(&self.cache).remove(key);
+        lock(&self.last_synced).remove(key);
+        Ok(())
+    }
+
+    /// Delete the load balancer of a cached service that is gone (or was re-created).
+    async fn process_load_balancer_delete(&self, svc: &Service) -> Result<(), SyncError> {
+        if !self.policy.wants_load_balancer(svc) {
+            return Ok(());
+        }
+        self.event(
+            svc,
+            EventType::Normal,
+            "DeletingLoadBalancer",
+            "Deleting load balancer",
+        );
+        if let Err(e) = self
+            .ctx
+            .provider
+            .ensure_load_balancer_deleted(self.cluster(), svc)
+            .await
+        {
+            self.event(
+                svc,
+                EventType::Warning,
+                "DeleteLoadBalancerFailed",
+                format!("Error deleting load balancer: {e}"),
+            );
+            return Err(SyncError::provider(&e));
+        }
+        self.event(
+            svc,
+            EventType::Normal,
+            "DeletedLoadBalancer",
+            "Deleted load balancer",
+        );
+        Ok(())
+    }
+
+    async fn process_service_create_or_update(
+        &self,
+        svc: Service,
+        key: &str,
+    ) -> Result<(), SyncError> {
+        if let Some(cached) = self.cached_service(key) {
+            if cached.metadata.uid != svc.metadata.uid {
+                // Deleted and re-created (without the finalizer) between two syncs.
+                self.process_load_balancer_delete(&cached).await?;
+            }
+        }
+        lock(&self.cache).insert(key.to_string(), Arc::new(svc.clone()));
+        match self.sync_load_balancer_if_needed(&svc, key).await {
+            Err(e) => {
+                self.event(
+                    &svc,
+                    EventType::Warning,
+                    "SyncLoadBalancerFailed",
+                    format!("Error syncing load balancer: {e}"),
+                );
+                Err(e)
+            }
+            Ok(Op::Delete) => {
+                lock(&self.cache).remove(key);
+                lock(&self.last_synced).remove(key);
+                Ok(())
+            }
+            Ok(Op::Ensure) => Ok(()),
+        }
+    }
+
+    async fn sync_load_balancer_if_needed(
+        &self,
+        svc: &Service,
+        key: &str,
+    ) -> Result<Op, SyncError> {
+        let previous = svc.status.as_ref().and_then(|s| s.load_balancer.clone());
+        let (op, new_status) = if !self.policy.wants_load_balancer(svc) || needs_cleanup(svc) {
+            let exists = self
+                .ctx
+                .provider
+                .get_load_balancer(self.cluster(), svc)
+                .await
+                .map_err(|e| {
+                    SyncError::new(format!(
+                        "failed to check if load balancer exists before cleanup: {e}"
+                    ))
+                })?
+                .is_some();
+            if exists {
+                tracing::info!(
+                    controller = NAME,
+                    "deleting existing load balancer for service {key}"
+                );
+                self.event(
+                    svc,
+                    EventType::Normal,
+                    "DeletingLoadBalancer",
+                    "Deleting load balancer",
+                );
+                match self
+                    .ctx
+                    .provider
+                    .ensure_load_balancer_deleted(self.cluster(), svc)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::IMPLEMENTED_ELSEWHERE => {
+                        tracing::debug!(controller = NAME, "load balancer of {key} is implemented elsewhere; ignoring the deletion error");
+                    }
+                    Err(e) => {
+                        return Err(SyncError::new(format!(
+                            "failed to delete load balancer: {e}"
+                        )))
+                    }
+                }
+            }
+            self.remove_finalizer(svc).await.map_err(|e| {
+                SyncError::new(format!(
+                    "failed to remove load balancer cleanup finalizer: {}",
+                    api_message(&e)
+                ))
+            })?;
+            self.event(
+                svc,
+                EventType::Normal,
+                "DeletedLoadBalancer",
+                "Deleted load balancer",
+            );
+            (Op::Delete, LoadBalancerStatus::default())
+        } else {
+            tracing::info!(
+                controller = NAME,
+                "ensuring load balancer for service {key}"
+            );
+            self.event(
+                svc,
+                EventType::Normal,
+                "EnsuringLoadBalancer",
+                "Ensuring load balancer",
+            );
+            self.add_finalizer(svc).await.map_err(|e| {
+                SyncError::new(format!(
+                    "failed to add load balancer cleanup finalizer: {}",
+                    api_message(&e)
+                ))
+            })?;
+            let status = match self.ensure_load_balancer(svc, key).await {
+                Ok(Some(status)) => status,
+                Ok(None) => {
+                    return Err(SyncError::new(
+                        "service status returned by EnsureLoadBalancer is nil",
+                    ))
+                }
+                Err(e) if e.kind() == ErrorKind::IMPLEMENTED_ELSEWHERE => {
+                    tracing::debug!(
+                        controller = NAME,
+                        "load balancer of {key} is implemented elsewhere; nothing to do"
+                    );
+                    return Ok(Op::Ensure);
+                }
+                Err(e) => {
+                    // Keeps a RetryAfter detectable (upstream wraps with %w).
+                    return Err(SyncError {
+                        message: format!("failed to ensure load balancer: {e}"),
+                        retry_after: e.retry_after_delay(),
+                    });
+                }
+            };
+            self.event(
+                svc,
+                EventType::Normal,
+                "EnsuredLoadBalancer",
+                "Ensured load balancer",
+            );
+            (Op::Ensure, status)
+        };
+        match self.patch_status(svc, previous.as_ref(), &new_status).await {
+            Ok(()) => Ok(op),
+            // The service vanished right after its finalizer was removed.
+            Err(e) if is_not_found(&e) => Ok(op),
+            Err(e) => Err(SyncError::new(format!(
+                "failed to update load balancer status: {}",
+                api_message(&e)
+            ))),
+        }
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        svc: &Service,
+        key: &str,
+    ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
+        let nodes: Vec<Arc<Node>> = self
+            .ctx
+            .nodes
+            .list()
+            .into_iter()
+            .filter(|n| stable_node_set(n))
+            .collect();
+        if nodes.is_empty() {
+            self.event(
+                svc,
+                EventType::Warning,
+                "UnAvailableLoadBalancer",
+                NO_NODES_MESSAGE,
+            );
+        }
+        let hosts: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
+        lock(&self.last_synced).insert(key.to_string(), nodes);
+        self.ctx
+            .provider
+            .ensure_load_balancer(self.cluster(), svc, &hosts)
+            .await
+    }
+
+    async fn add_finalizer(&self, svc: &Service) -> Result<(), kube::Error> {
+        if has_lb_finalizer(svc) {
+            return Ok(());
+        }
+        let body = json!({"metadata": {"finalizers": [LB_CLEANUP_FINALIZER]}});
+        patch_service_status(&self.ctx.client, svc, &body)
+            .await
+            .map(|_| ())
+    }
+
+    async fn remove_finalizer(&self, svc: &Service) -> Result<(), kube::Error> {
+        if !has_lb_finalizer(svc) {
+            return Ok(());
+        }
+        let body =
+            json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [LB_CLEANUP_FINALIZER]}});
+        patch_service_status(&self.ctx.client, svc, &body)
+            .await
+            .map(|_| ())
+    }
+
+    async fn patch_status(
+        &self,
+        svc: &Service,
+        previous: Option<&LoadBalancerStatus>,
+        new: &LoadBalancerStatus,
+    ) -> Result<(), kube::Error> {
+        if load_balancer_status_equal(previous, Some(new)) {
+            return Ok(());
+        }
+        let ingress = match new.ingress.as_ref() {
+            Some(list) if !list.is_empty() => serde_json::to_value(list).unwrap_or(Value::Null),
+            _ => Value::Null,
+        };
+        let body = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+        patch_service_status(&self.ctx.client, svc, &body)
+            .await
+            .map(|_| ())
+    }
+
+    // ---- node sync --------------------------------------------------------------------------
+
+    /// Upstream `syncNodes`: update the hosts of every cached load-balancer service whose host
+    /// set changed, with `--concurrent-service-syncs` parallelism. Returns the keys to retry.
+    pub async fn sync_nodes(&self) -> BTreeSet<String> {
+        let started = Instant::now();
+        let services: Vec<Arc<Service>> = lock(&self.cache).values().cloned().collect();
+        let total = services.len();
+        let retry = Mutex::new(BTreeSet::new());
+        futures::stream::iter(services)
+            .for_each_concurrent(self.workers, |svc| {
+                let retry = &retry;
+                async move {
+                    if self.node_sync_service(&svc).await {
+                        lock(retry).insert(service_key(&svc));
+                    }
+                }
+            })
+            .await;
+        let retry = retry.into_inner().unwrap_or_else(|p| p.into_inner());
+        tracing::debug!(
+            controller = NAME,
+            "updated {} out of {total} load balancers to the current set of nodes",
+            total - retry.len()
+        );
+        self.ctx
+            .metrics
+            .service_nodesync_latency
+            .observe(started.elapsed().as_secs_f64());
+        retry
+    }
+
+    /// Upstream `nodeSyncService`: true when the service must be retried.
+    async fn node_sync_service(&self, svc: &Service) -> bool {
+        if !self.policy.wants_load_balancer(svc) {
+            return false;
+        }
+        let key = service_key(svc);
+        // The shared informer's cache cannot fail to list; the error branch of the plan is kept
+        // for parity with upstream's lister.
+        let listed = Ok(self.ctx.nodes.list());
+        let plan = node_sync::plan(&mut lock(&self.last_synced), &key, listed);
+        match plan {
+            node_sync::NodeSyncPlan::Skip => false,
+            node_sync::NodeSyncPlan::Retry(e) => {
+                tracing::error!(controller = NAME, "failed to retrieve node list: {e}");
+                self.ctx.metrics.service_nodesync_error_total.inc();
+                true
+            }
+            node_sync::NodeSyncPlan::Update(hosts) => {
+                let hosts: Vec<Node> = hosts.iter().map(|n| (**n).clone()).collect();
+                match self.update_load_balancer_hosts(svc, &hosts).await {
+                    Ok(()) => false,
+                    Err(e) => {
+                        tracing::error!(
+                            controller = NAME,
+                            "failed to update load balancer hosts for service {key}: {e}"
+                        );
+                        self.ctx.metrics.service_nodesync_error_total.inc();
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// Upstream `lockedUpdateLoadBalancerHosts`.
+    async fn update_load_balancer_hosts(
+        &self,
+        svc: &Service,
+        hosts: &[Node],
+    ) -> Result<(), ProviderError> {
+        let started = Instant::now();
+        self.ctx.metrics.service_lb_sync_total.inc();
+        let result = self.update_load_balancer_hosts_inner(svc, hosts).await;
+        self.ctx
+            .metrics
+            .service_update_lb_host_latency
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn update_load_balancer_hosts_inner(
+        &self,
+        svc: &Service,
+        hosts: &[Node],
+    ) -> Result<(), ProviderError> {
+        let err = match self
+            .ctx
+            .provider
+            .update_load_balancer(self.cluster(), svc, hosts)
+            .await
+        {
+            Ok(()) => {
+                if hosts.is_empty() {
+                    self.event(
+                        svc,
+                        EventType::Warning,
+                        "UnAvailableLoadBalancer",
+                        NO_NODES_MESSAGE,
+                    );
+                } else {
+                    self.event(
+                        svc,
+                        EventType::Normal,
+                        "UpdatedLoadBalancer",
+                        "Updated load balancer with new hosts",
+                    );
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == ErrorKind::IMPLEMENTED_ELSEWHERE => return Ok(()),
+            Err(e) => e,
+        };
+        // It is only an error if the load balancer still exists.
+        match self
+            .ctx
+            .provider
+            .get_load_balancer(self.cluster(), svc)
+            .await
+        {
+            Err(ge) => tracing::error!(
+                controller = NAME,
+                "failed to check if load balancer exists for service {}: {ge}",
+                service_key(svc)
+            ),
+            Ok(None) => return Ok(()),
+            Ok(Some(_)) => {}
+        }
+        self.event(
+            svc,
+            EventType::Warning,
+            "UpdateLoadBalancerFailed",
+            update_failed_message(hosts, &err),
+        );
+        Err(err)
+    }
+}
