@@ -107,6 +107,12 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
 
     /// Queue `key` after its per-key exponential backoff, and count a failure.
     pub fn add_rate_limited(&self, key: K) {
+        self.add_rate_limited_min(key, Duration::ZERO);
+    }
+
+    /// Like [`WorkQueue::add_rate_limited`], but wait at least `min_delay` (the delay of an
+    /// overall rate limiter combined with the per-key backoff, client-go's `MaxOfRateLimiter`).
+    pub fn add_rate_limited_min(&self, key: K, min_delay: Duration) {
         let delay = {
             let mut s = self.lock();
             let failures = s.failures.entry(key.clone()).or_insert(0);
@@ -114,7 +120,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
             *failures = failures.saturating_add(1);
             delay
         };
-        self.add_after(key, delay);
+        self.add_after(key, delay.max(min_delay));
     }
 
     /// Reset the failure count of `key`.

@@ -13,6 +13,7 @@
 //! [`crate::patches`] and [`crate::events`].
 
 pub mod node;
+pub mod node_addresses;
 pub mod node_lifecycle;
 pub mod route;
 pub mod service;

@@ -1,1 +1,952 @@
-//! In progress: see controllers/mod.rs for the list of controllers.
+//! The cloud-node controller (canonical `cloud-node-controller`, alias `cloud-node`),
+//! `../shared/spec/upstream-behavior.md` §2.1: initialises nodes that carry the
+//! `node.cloudprovider.kubernetes.io/uninitialized` taint from the cloud's instance metadata
+//! (provider ID, instance-type / zone / region labels, additional labels, addresses), removes
+//! the taint, keeps the GA labels of initialised nodes equal to their beta labels, and refreshes
+//! node addresses every `--node-status-update-frequency`.
+//!
+//! Mechanics: node Add/Update changes from the shared informer enqueue the node name on the
+//! `Nodes` work queue; `concurrent_node_syncs` workers run [`NodeController::sync_node`]. Failed
+//! syncs are re-queued with upstream's default controller rate limiter: per-node exponential
+//! backoff 5ms → 1000s combined (max of both) with an overall 10 qps / burst 100 token bucket.
+//!
+//! Deliberate differences from upstream (spec §6 and below), each marked in the code:
+//! - nil instance metadata in the periodic address loop is skipped (upstream dereferences it);
+//! - the initialisation update re-reads the node from the API (not the cache) after a Conflict,
+//!   so a retry does not replay the same stale object; a node deleted meanwhile ends the sync
+//!   quietly instead of erroring and re-queueing;
+//! - the provider ID is only written when the node being updated still has none (upstream
+//!   decides on the first copy and could try to overwrite an ID set meanwhile, which the API
+//!   rejects);
+//! - address change detection also catches changes within a repeated address type (see
+//!   [`super::node_addresses::addresses_changed`]);
+//! - `concurrent_node_syncs = 0` is refused at start instead of silently doing nothing.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ccm_provider_abi::{ErrorKind, InstanceMetadata, ProviderError};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
+use kube::api::PostParams;
+use kube::runtime::reflector::ObjectRef;
+use kube::Api;
+use tokio::sync::broadcast;
+
+use super::node_addresses::{
+    addresses_changed, apply_node_ip, desired_addresses, is_reserved_label_key,
+    label_reconciliation,
+};
+use super::{ControllerContext, NotStarted};
+use crate::events::{node_ref, EventRecorder, EventType};
+use crate::informer::Change;
+use crate::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
+use crate::provider::Provider;
+use crate::workqueue::WorkQueue;
+
+/// Canonical controller name.
+pub const NAME: &str = "cloud-node-controller";
+/// Alias (also the `running_managed_controllers` name).
+pub const ALIAS: &str = "cloud-node";
+/// Event source component.
+pub const COMPONENT: &str = "cloud-node-controller";
+/// Work queue name.
+pub const QUEUE: &str = "Nodes";
+/// The taint kubelet sets on nodes of an external cloud provider until they are initialised
+/// (matched by key only).
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+/// Label keys written at initialisation.
+pub mod labels {
+    /// Deprecated instance-type label.
+    pub const INSTANCE_TYPE_BETA: &str = "beta.kubernetes.io/instance-type";
+    /// Instance-type label.
+    pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+    /// Deprecated zone label.
+    pub const ZONE_BETA: &str = "failure-domain.beta.kubernetes.io/zone";
+    /// Zone label.
+    pub const ZONE: &str = "topology.kubernetes.io/zone";
+    /// Deprecated region label.
+    pub const REGION_BETA: &str = "failure-domain.beta.kubernetes.io/region";
+    /// Region label.
+    pub const REGION: &str = "topology.kubernetes.io/region";
+}
+
+/// Per-node backoff of the work queue (client-go's default controller rate limiter).
+const BACKOFF_BASE: Duration = Duration::from_millis(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(1000);
+/// The overall bucket of the default controller rate limiter.
+const BUCKET_QPS: f64 = 10.0;
+const BUCKET_BURST: f64 = 100.0;
+/// Retries of the initialisation update on Conflict (upstream `UpdateNodeSpecBackoff`).
+const UPDATE_ATTEMPTS: u32 = 20;
+const UPDATE_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Start conditions: the provider must offer Instances or InstancesV2.
+pub fn check(ctx: &ControllerContext) -> Result<(), NotStarted> {
+    let caps = ctx.provider.capabilities();
+    if !caps.instances && !caps.instances_v2 {
+        return Err(NotStarted(
+            "cloud provider does not support instances".into(),
+        ));
+    }
+    // Upstream accepts 0 and then never processes a node (spec §6); refuse it instead.
+    if ctx.config.concurrent_node_syncs == 0 {
+        return Err(NotStarted(
+            "--concurrent-node-syncs is 0: no node would ever be initialised; use 1 or more".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Run until `ctx.stop` is cancelled.
+pub async fn run(ctx: ControllerContext) {
+    let controller = Arc::new(NodeController::new(ctx.clone()));
+    let mut changes = ctx.nodes.subscribe();
+    tokio::select! {
+        _ = ctx.stop.cancelled() => return,
+        synced = ctx.nodes.wait_synced() => if !synced { return },
+    }
+    ctx.metrics.set_running(ALIAS, true);
+    let queue = controller.queue.clone();
+    // The informer's initial list may have been delivered before we subscribed: enqueue every
+    // cached node once (upstream's AddFunc for the initial list).
+    for node in ctx.nodes.list() {
+        if let Some(name) = &node.metadata.name {
+            queue.add(name.clone());
+        }
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    // Event handler: Add and Update enqueue the (new) node; no Delete handler.
+    {
+        let (queue, nodes, stop) = (queue.clone(), ctx.nodes.clone(), ctx.stop.clone());
+        tasks.spawn(async move {
+            loop {
+                let change = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    c = changes.recv() => c,
+                };
+                match change {
+                    Ok(Change::Added(n)) | Ok(Change::Updated { new: n, .. }) => {
+                        if let Some(name) = &n.metadata.name {
+                            queue.add(name.clone());
+                        }
+                    }
+                    Ok(Change::Deleted(_)) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        for n in nodes.list() {
+                            if let Some(name) = &n.metadata.name {
+                                queue.add(name.clone());
+                            }
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+    }
+    // Workers.
+    for _ in 0..ctx.config.concurrent_node_syncs.max(1) {
+        let (c, stop) = (controller.clone(), ctx.stop.clone());
+        tasks.spawn(async move {
+            while let Some(name) = c.queue.get().await {
+                tokio::select! {
+                    _ = stop.cancelled() => { c.queue.done(&name); break; }
+                    _ = c.process(&name) => {}
+                }
+                c.queue.done(&name);
+            }
+        });
+    }
+    // Periodic address loop: first pass now, then `period` after the end of each pass.
+    {
+        let (c, stop) = (controller.clone(), ctx.stop.clone());
+        let period = ctx.config.node_status_update_frequency;
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = c.update_node_status() => {}
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(period) => {}
+                }
+            }
+        });
+    }
+    ctx.stop.cancelled().await;
+    queue.shutdown();
+    while tasks.join_next().await.is_some() {}
+    ctx.metrics.set_running(ALIAS, false);
+}
+
+/// A token bucket like golang.org/x/time/rate's `Reserve().Delay()`: every reservation takes a
+/// token, going into debt when empty; the delay is the time until the debt is repaid.
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn reserve(&mut self) -> Duration {
+        let now = Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * BUCKET_QPS;
+        self.tokens = (self.tokens + refill).min(BUCKET_BURST);
+        self.last = now;
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / BUCKET_QPS)
+        }
+    }
+}
+
+/// The controller's state: context, event recorder, queue.
+pub struct NodeController {
+    ctx: ControllerContext,
+    recorder: EventRecorder,
+    /// The `Nodes` queue (keys are node names).
+    pub queue: WorkQueue<String>,
+    bucket: Mutex<Bucket>,
+}
+
+fn has_cloud_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+}
+
+fn name_of(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn provider_id_of(node: &Node) -> &str {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .unwrap_or_default()
+}
+
+fn addresses_of(node: &Node) -> &[NodeAddress] {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_deref())
+        .unwrap_or_default()
+}
+
+/// Seconds since the node's creation (0 when unknown).
+fn seconds_since_creation(node: &Node) -> f64 {
+    node.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .as_secs_f64()
+                .max(0.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// The message of an API error (the Status message for API answers).
+pub(crate) fn kube_error_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Upstream `GetInstanceProviderID`: `<ProviderName()>://<InstanceID(node)>`. `NotImplemented`
+/// and `InstanceNotFound` are returned unchanged (callers test the kind); other errors are
+/// wrapped as "failed to get instance ID from cloud provider: …". An empty instance ID yields
+/// `"<provider>://"`, as upstream.
+pub async fn get_instance_provider_id(
+    provider: &Provider,
+    node_name: &str,
+) -> Result<String, ProviderError> {
+    if !provider.capabilities().instances {
+        return Err(ProviderError::other(
+            "failed to get instances from cloud provider",
+        ));
+    }
+    match provider.instance_id(node_name).await {
+        Ok(id) => Ok(format!("{}://{id}", provider.provider_name())),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::NOT_IMPLEMENTED | ErrorKind::INSTANCE_NOT_FOUND
+            ) =>
+        {
+            Err(e)
+        }
+        Err(e) => Err(e.context("failed to get instance ID from cloud provider")),
+    }
+}
+
+/// Upstream `getInstanceMetadata` (initialisation path). `Ok(None)` is a V2 provider's
+/// `(nil, nil)`.
+pub async fn get_instance_metadata(
+    provider: &Provider,
+    node: &Node,
+) -> Result<Option<InstanceMetadata>, String> {
+    let name = name_of(node);
+    let caps = provider.capabilities();
+    if caps.instances_v2 {
+        let md = provider
+            .instance_metadata(node)
+            .await
+            .map_err(|e| e.to_string())?;
+        return match md {
+            Some(mut md) if md.provider_id.is_empty() => {
+                if provider_id_of(node).is_empty() {
+                    return Err(format!(
+                        "cloud provider does not set node provider ID for node {name}"
+                    ));
+                }
+                md.provider_id = provider_id_of(node).to_string();
+                Ok(Some(md))
+            }
+            other => Ok(other),
+        };
+    }
+    if !caps.instances {
+        return Err("failed to get instances from cloud provider".into());
+    }
+    let mut provider_id = provider_id_of(node).to_string();
+    if provider_id.is_empty() {
+        match get_instance_provider_id(provider, name).await {
+            Ok(id) => provider_id = id,
+            // The only case where initialisation continues without a provider ID.
+            Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => {
+                tracing::warn!(controller = NAME, node = name, "cloud provider does not implement InstanceID; initialising without a provider ID");
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let node_addresses = addresses_by_provider_id_or_name(provider, &provider_id, name).await?;
+    let instance_type = match provider.instance_type_by_provider_id(&provider_id).await {
+        Ok(t) => t,
+        Err(by_id) => provider.instance_type(name).await.map_err(|by_name| {
+            format!(
+                "InstanceType: Error fetching by providerID: {by_id} Error fetching by NodeName: {by_name}"
+            )
+        })?,
+    };
+    let mut md = InstanceMetadata {
+        provider_id: provider_id.clone(),
+        instance_type,
+        node_addresses,
+        ..Default::default()
+    };
+    if caps.zones {
+        let zone = match provider.get_zone_by_provider_id(&provider_id).await {
+            Ok(z) => z,
+            Err(by_id) => provider.get_zone_by_node_name(name).await.map_err(|by_name| {
+                format!(
+                    "failed to get zone from cloud provider: Zone: Error fetching by providerID: {by_id} Error fetching by NodeName: {by_name}"
+                )
+            })?,
+        };
+        if !zone.failure_domain.is_empty() {
+            md.zone = zone.failure_domain;
+        }
+        if !zone.region.is_empty() {
+            md.region = zone.region;
+        }
+    }
+    Ok(Some(md))
+}
+
+/// `NodeAddressesByProviderID` (even with an empty ID, as upstream), falling back to
+/// `NodeAddresses(name)`.
+async fn addresses_by_provider_id_or_name(
+    provider: &Provider,
+    provider_id: &str,
+    name: &str,
+) -> Result<Vec<NodeAddress>, String> {
+    match provider.node_addresses_by_provider_id(provider_id).await {
+        Ok(a) => Ok(a),
+        Err(by_id) => provider.node_addresses(name).await.map_err(|by_name| {
+            format!(
+                "error fetching node by provider ID: {by_id}, and error by node name: {by_name}"
+            )
+        }),
+    }
+}
+
+/// The changes initialisation makes to a node (upstream's list of node modifiers), applied to
+/// whatever version of the node is current when the update is sent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeModifications {
+    /// Set `spec.providerID` (only if the node still has none).
+    pub provider_id: Option<String>,
+    /// Labels set unconditionally (instance type, zone, region; beta + GA).
+    pub labels: BTreeMap<String, String>,
+    /// AdditionalLabels that survived the reserved-namespace filter; added only when absent.
+    pub additional_labels: BTreeMap<String, String>,
+}
+
+impl NodeModifications {
+    /// Apply to `node`, removing every taint keyed [`UNINITIALIZED_TAINT`] (other taints keep
+    /// their order; the list may become empty).
+    pub fn apply(&self, node: &mut Node) {
+        let spec = node.spec.get_or_insert_with(Default::default);
+        if let Some(id) = &self.provider_id {
+            // Better than upstream: never try to change an ID set since we read the node (the
+            // API rejects it as immutable, which would fail the sync forever).
+            if spec.provider_id.as_deref().unwrap_or_default().is_empty() {
+                spec.provider_id = Some(id.clone());
+            }
+        }
+        let taints: Vec<Taint> = spec
+            .taints
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.key != UNINITIALIZED_TAINT)
+            .collect();
+        spec.taints = Some(taints);
+        if self.labels.is_empty() && self.additional_labels.is_empty() {
+            return;
+        }
+        let labels = node.metadata.labels.get_or_insert_with(Default::default);
+        for (k, v) in &self.labels {
+            labels.insert(k.clone(), v.clone());
+        }
+        for (k, v) in &self.additional_labels {
+            match labels.get(k) {
+                Some(existing) => {
+                    if existing != v {
+                        tracing::warn!(controller = NAME, label = %k, existing = %existing, cloud = %v, "node already has the label with another value; keeping the node's value");
+                    }
+                }
+                None => {
+                    labels.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Upstream `getNodeModifiersFromCloudProvider` (the taint removal is in
+/// [`NodeModifications::apply`]). Fails when the node-IP annotation does not fit the cloud's
+/// addresses.
+pub fn node_modifications(node: &Node, md: &InstanceMetadata) -> Result<NodeModifications, String> {
+    let name = name_of(node);
+    let mut m = NodeModifications::default();
+    if provider_id_of(node).is_empty() {
+        if md.provider_id.is_empty() {
+            tracing::warn!(
+                controller = NAME,
+                node = name,
+                "cloud provider gave no provider ID; node initialised without one"
+            );
+        } else {
+            m.provider_id = Some(md.provider_id.clone());
+        }
+    }
+    // Validated against the cloud's addresses only (no kubelet Hostname), before untainting.
+    apply_node_ip(
+        node.metadata.annotations.as_ref(),
+        md.node_addresses.clone(),
+    )
+    .map_err(|e| format!("provided node ip for node {name:?} is not valid: {e}"))?;
+    let mut set = |beta: &str, ga: &str, value: &str| {
+        if !value.is_empty() {
+            m.labels.insert(beta.to_string(), value.to_string());
+            m.labels.insert(ga.to_string(), value.to_string());
+        }
+    };
+    set(
+        labels::INSTANCE_TYPE_BETA,
+        labels::INSTANCE_TYPE,
+        &md.instance_type,
+    );
+    set(labels::ZONE_BETA, labels::ZONE, &md.zone);
+    set(labels::REGION_BETA, labels::REGION, &md.region);
+    for (k, v) in &md.additional_labels {
+        if is_reserved_label_key(k) {
+            tracing::warn!(controller = NAME, node = name, label = %k, "dropping additional label in a reserved kubernetes.io / k8s.io namespace");
+            continue;
+        }
+        m.additional_labels.insert(k.clone(), v.clone());
+    }
+    Ok(m)
+}
+
+impl NodeController {
+    /// A controller for `ctx` (does not start anything).
+    pub fn new(ctx: ControllerContext) -> Self {
+        let recorder = ctx.recorder(COMPONENT);
+        Self {
+            ctx,
+            recorder,
+            queue: WorkQueue::new(QUEUE, BACKOFF_BASE, BACKOFF_MAX),
+            bucket: Mutex::new(Bucket {
+                tokens: BUCKET_BURST,
+                last: Instant::now(),
+            }),
+        }
+    }
+
+    /// Sync one key and requeue it on failure, as upstream's `processNextWorkItem`.
+    async fn process(&self, name: &String) {
+        match self.sync_node(name).await {
+            Ok(()) => self.queue.forget(name),
+            Err(e) => {
+                let overall = self
+                    .bucket
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .reserve();
+                tracing::info!(controller = NAME, node = %name, "error syncing '{name}': {e}, requeuing");
+                self.queue.add_rate_limited_min(name.clone(), overall);
+            }
+        }
+    }
+
+    /// Upstream `syncNode`: initialise a tainted node, or reconcile the labels of an
+    /// initialised one. A node missing from the cache is done.
+    pub async fn sync_node(&self, name: &str) -> Result<(), String> {
+        let Some(cur) = self.ctx.nodes.store().get(&ObjectRef::new(name)) else {
+            return Ok(());
+        };
+        if !has_cloud_taint(&cur) {
+            return self.reconcile_labels(&cur).await;
+        }
+        let md = get_instance_metadata(&self.ctx.provider, &cur)
+            .await
+            .map_err(|e| format!("failed to get instance metadata for node {name}: {e}"))?;
+        let Some(md) = md else {
+            // Spec §6, kept as upstream: the node stays tainted and is retried only when a
+            // later event re-enqueues it (the provider said it cannot describe it yet).
+            tracing::info!(
+                controller = NAME,
+                node = name,
+                "skip sync node {name} because cloud provided nil metadata"
+            );
+            return Ok(());
+        };
+        let mods = node_modifications(&cur, &md)
+            .map_err(|e| format!("failed to get node modifiers from cloud provider: {e}"))?;
+        let Some(updated) = self.update_with_retry(&cur, &mods).await? else {
+            tracing::info!(
+                controller = NAME,
+                node = name,
+                "node was deleted during initialisation"
+            );
+            return Ok(());
+        };
+        self.ctx
+            .metrics
+            .node_taint_removal_delay
+            .observe(seconds_since_creation(&updated));
+        // Addresses right away, so users do not wait for the periodic loop.
+        self.update_node_address(&updated, &md).await;
+        tracing::info!(
+            controller = NAME,
+            node = name,
+            "successfully initialized node {name} with cloud provider"
+        );
+        self.recorder.publish(
+            node_ref(&cur),
+            EventType::Normal,
+            "Synced",
+            "Node synced successfully",
+        );
+        self.ctx
+            .metrics
+            .node_initial_sync_delay
+            .observe(seconds_since_creation(&cur));
+        Ok(())
+    }
+
+    /// One full PUT of the node with `mods` applied, retried on Conflict. `Ok(None)`: the node
+    /// no longer exists.
+    async fn update_with_retry(
+        &self,
+        cached: &Node,
+        mods: &NodeModifications,
+    ) -> Result<Option<Node>, String> {
+        let name = name_of(cached);
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut base = cached.clone();
+        for attempt in 1..=UPDATE_ATTEMPTS {
+            let mut node = base.clone();
+            mods.apply(&mut node);
+            match api.replace(name, &PostParams::default(), &node).await {
+                Ok(updated) => return Ok(Some(updated)),
+                Err(e) if is_not_found(&e) => return Ok(None),
+                Err(e) if is_conflict(&e) && attempt < UPDATE_ATTEMPTS => {
+                    let jitter = f64::from(attempt.wrapping_mul(37) % 100) / 100.0;
+                    tokio::time::sleep(UPDATE_BACKOFF.mul_f64(1.0 + jitter)).await;
+                    // Better than upstream: read the current version from the API, not the
+                    // cache, which may still hold the version that conflicted.
+                    base = match api.get(name).await {
+                        Ok(n) => n,
+                        Err(e) if is_not_found(&e) => return Ok(None),
+                        Err(e) => {
+                            return Err(format!(
+                                "failed to get node {name}: {}",
+                                kube_error_text(&e)
+                            ))
+                        }
+                    };
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "failed to update node {name}: {}",
+                        kube_error_text(&e)
+                    ))
+                }
+            }
+        }
+        Err(format!(
+            "failed to update node {name}: still conflicting after {UPDATE_ATTEMPTS} attempts"
+        ))
+    }
+
+    /// Upstream `reconcileNodeLabels`: one label patch when a GA label differs from its beta.
+    async fn reconcile_labels(&self, node: &Node) -> Result<(), String> {
+        let update = label_reconciliation(node.metadata.labels.as_ref());
+        if update.is_empty() {
+            return Ok(());
+        }
+        let name = name_of(node);
+        patch_node_labels(&self.ctx.client, name, &update)
+            .await
+            .map_err(|e| {
+                format!(
+                    "failed update labels for node {name}: {}",
+                    kube_error_text(&e)
+                )
+            })
+    }
+
+    /// Upstream `updateNodeAddress`: patch `status.addresses` when the cloud's addresses (plus
+    /// the kubelet's Hostname, with the node-IP rules applied) differ from the node's.
+    pub async fn update_node_address(&self, node: &Node, md: &InstanceMetadata) {
+        let name = name_of(node);
+        if has_cloud_taint(node) {
+            tracing::debug!(
+                controller = NAME,
+                node = name,
+                "node is still tainted; addresses not updated"
+            );
+            return;
+        }
+        let current = addresses_of(node);
+        let new = match desired_addresses(
+            &md.node_addresses,
+            current,
+            node.metadata.annotations.as_ref(),
+        ) {
+            None => {
+                tracing::debug!(
+                    controller = NAME,
+                    node = name,
+                    "cloud provider returned no addresses; keeping the node's"
+                );
+                return;
+            }
+            Some(Err(e)) => {
+                tracing::error!(
+                    controller = NAME,
+                    node = name,
+                    "failed to update node addresses for node {name:?}: {e}"
+                );
+                return;
+            }
+            Some(Ok(new)) => new,
+        };
+        if !addresses_changed(current, &new) {
+            return;
+        }
+        if let Err(e) = patch_node_addresses(&self.ctx.client, name, current, &new).await {
+            tracing::error!(
+                controller = NAME,
+                node = name,
+                "error patching node with cloud ip addresses: {}",
+                kube_error_text(&e)
+            );
+        }
+    }
+
+    /// Upstream `getInstanceNodeAddresses` (periodic loop): V2 → full metadata; legacy →
+    /// addresses by provider ID with fallback by name (one call when the first succeeds).
+    async fn instance_node_addresses(
+        &self,
+        node: &Node,
+    ) -> Result<Option<InstanceMetadata>, String> {
+        let provider = &self.ctx.provider;
+        let caps = provider.capabilities();
+        if caps.instances_v2 {
+            return provider
+                .instance_metadata(node)
+                .await
+                .map_err(|e| e.to_string());
+        }
+        if !caps.instances {
+            return Err("failed to get instances from cloud provider".into());
+        }
+        let node_addresses =
+            addresses_by_provider_id_or_name(provider, provider_id_of(node), name_of(node)).await?;
+        Ok(Some(InstanceMetadata {
+            node_addresses,
+            ..Default::default()
+        }))
+    }
+
+    /// One pass of the periodic address loop (upstream `UpdateNodeStatus`) over every cached
+    /// node, `concurrent_node_status_updates` at a time (0 ⇒ `concurrent_node_syncs`).
+    pub async fn update_node_status(&self) {
+        let started = Instant::now();
+        let nodes = self.ctx.nodes.list();
+        let cfg = &self.ctx.config;
+        let workers = match cfg.concurrent_node_status_updates {
+            0 => cfg.concurrent_node_syncs,
+            n => n,
+        }
+        .max(1);
+        let count = nodes.len();
+        futures::stream::iter(nodes)
+            .for_each_concurrent(workers, |node| async move {
+                if has_cloud_taint(&node) {
+                    return; // syncNode handles it
+                }
+                match self.instance_node_addresses(&node).await {
+                    Ok(Some(md)) => self.update_node_address(&node, &md).await,
+                    // Spec §6: upstream dereferences nil metadata here and crashes; skip.
+                    Ok(None) => {
+                        tracing::debug!(
+                            controller = NAME,
+                            node = name_of(&node),
+                            "cloud provided nil metadata; addresses not updated"
+                        )
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            controller = NAME,
+                            node = name_of(&node),
+                            "error getting instance metadata for node addresses: {e}"
+                        )
+                    }
+                }
+            })
+            .await;
+        tracing::debug!(controller = NAME, nodes = count, elapsed = ?started.elapsed(), "node address update pass done");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn taint(key: &str, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            effect: effect.into(),
+            value: None,
+            time_added: None,
+        }
+    }
+
+    fn node(provider_id: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("node0".into()),
+                labels: (!labels.is_empty()).then(|| {
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                }),
+                annotations: (!annotations.is_empty()).then(|| {
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                }),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                provider_id: (!provider_id.is_empty()).then(|| provider_id.to_string()),
+                taints: Some(vec![
+                    taint("ImproveCoverageTaint", "NoSchedule"),
+                    taint(UNINITIALIZED_TAINT, "NoSchedule"),
+                    taint("other", "NoExecute"),
+                ]),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn addr(t: &str, a: &str) -> NodeAddress {
+        NodeAddress {
+            type_: t.into(),
+            address: a.into(),
+        }
+    }
+
+    fn metadata() -> InstanceMetadata {
+        InstanceMetadata {
+            provider_id: "fake://12345".into(),
+            instance_type: "t1.micro".into(),
+            node_addresses: vec![
+                addr("InternalIP", "10.0.0.1"),
+                addr("ExternalIP", "132.143.154.163"),
+            ],
+            zone: "us-west-1a".into(),
+            region: "us-west".into(),
+            additional_labels: BTreeMap::from([
+                ("my.custom.label/foo".to_string(), "bar".to_string()),
+                ("kubernetes.io/foo".to_string(), "dropped".to_string()),
+                ("topology.k8s.io/x".to_string(), "dropped".to_string()),
+                ("topology.k8s.cp/x".to_string(), "kept".to_string()),
+                ("existing".to_string(), "cloud".to_string()),
+            ]),
+        }
+    }
+
+    #[test]
+    fn modifications_set_provider_id_labels_and_remove_only_the_cloud_taint() {
+        let mut n = node("", &[("existing", "node")], &[]);
+        let m = node_modifications(&n, &metadata()).unwrap();
+        m.apply(&mut n);
+        let spec = n.spec.as_ref().unwrap();
+        assert_eq!(spec.provider_id.as_deref(), Some("fake://12345"));
+        assert_eq!(
+            spec.taints.as_ref().unwrap(),
+            &vec![
+                taint("ImproveCoverageTaint", "NoSchedule"),
+                taint("other", "NoExecute")
+            ]
+        );
+        let labels = n.metadata.labels.unwrap();
+        let expect: BTreeMap<String, String> = [
+            ("beta.kubernetes.io/instance-type", "t1.micro"),
+            ("node.kubernetes.io/instance-type", "t1.micro"),
+            ("failure-domain.beta.kubernetes.io/zone", "us-west-1a"),
+            ("topology.kubernetes.io/zone", "us-west-1a"),
+            ("failure-domain.beta.kubernetes.io/region", "us-west"),
+            ("topology.kubernetes.io/region", "us-west"),
+            ("my.custom.label/foo", "bar"),
+            ("topology.k8s.cp/x", "kept"),
+            ("existing", "node"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(labels, expect);
+    }
+
+    #[test]
+    fn existing_provider_id_is_never_changed() {
+        let mut n = node("fake://existing", &[], &[]);
+        let m = node_modifications(&n, &metadata()).unwrap();
+        assert_eq!(m.provider_id, None);
+        m.apply(&mut n);
+        assert_eq!(
+            n.spec.unwrap().provider_id.as_deref(),
+            Some("fake://existing")
+        );
+        // An ID set between reading and updating is kept too.
+        let mut n = node("", &[], &[]);
+        let m = node_modifications(&n, &metadata()).unwrap();
+        n.spec.as_mut().unwrap().provider_id = Some("fake://meanwhile".into());
+        m.apply(&mut n);
+        assert_eq!(
+            n.spec.unwrap().provider_id.as_deref(),
+            Some("fake://meanwhile")
+        );
+    }
+
+    #[test]
+    fn empty_metadata_fields_write_no_labels_and_only_cloud_taint_goes() {
+        let mut n = node("", &[], &[]);
+        n.spec.as_mut().unwrap().taints = Some(vec![taint(UNINITIALIZED_TAINT, "NoSchedule")]);
+        let md = InstanceMetadata::default();
+        let m = node_modifications(&n, &md).unwrap();
+        m.apply(&mut n);
+        assert_eq!(n.metadata.labels, None);
+        assert_eq!(n.spec.as_ref().unwrap().provider_id, None);
+        assert_eq!(
+            n.spec.unwrap().taints,
+            Some(vec![]),
+            "an empty list, as upstream"
+        );
+    }
+
+    #[test]
+    fn invalid_or_absent_node_ip_fails_before_anything_is_changed() {
+        let n = node(
+            "",
+            &[],
+            &[(
+                super::super::node_addresses::PROVIDED_NODE_IP_ANNOTATION,
+                "10.0.0.9",
+            )],
+        );
+        assert_eq!(
+            node_modifications(&n, &metadata()).unwrap_err(),
+            "provided node ip for node \"node0\" is not valid: failed to get node address from cloud provider that matches ip: 10.0.0.9"
+        );
+        let n = node(
+            "",
+            &[],
+            &[(
+                super::super::node_addresses::PROVIDED_NODE_IP_ANNOTATION,
+                "10.0.0.1.1",
+            )],
+        );
+        assert!(node_modifications(&n, &metadata())
+            .unwrap_err()
+            .starts_with(
+                "provided node ip for node \"node0\" is not valid: failed to parse node IP"
+            ));
+        let n = node(
+            "",
+            &[],
+            &[(
+                super::super::node_addresses::PROVIDED_NODE_IP_ANNOTATION,
+                "132.143.154.163",
+            )],
+        );
+        assert!(node_modifications(&n, &metadata()).is_ok());
+    }
+
+    #[test]
+    fn cloud_taint_is_matched_by_key_only() {
+        let mut n = node("", &[], &[]);
+        assert!(has_cloud_taint(&n));
+        n.spec.as_mut().unwrap().taints = Some(vec![taint(UNINITIALIZED_TAINT, "NoExecute")]);
+        assert!(has_cloud_taint(&n));
+        n.spec.as_mut().unwrap().taints = Some(vec![taint("x", "NoSchedule")]);
+        assert!(!has_cloud_taint(&n));
+        n.spec = None;
+        assert!(!has_cloud_taint(&n));
+    }
+
+    #[test]
+    fn overall_bucket_allows_a_burst_then_spaces_requeues() {
+        let mut b = Bucket {
+            tokens: BUCKET_BURST,
+            last: Instant::now(),
+        };
+        for _ in 0..100 {
+            assert!(b.reserve() < Duration::from_millis(5));
+        }
+        let d1 = b.reserve();
+        let d2 = b.reserve();
+        assert!(d1 > Duration::from_millis(50), "{d1:?}");
+        assert!(d2 > d1, "{d1:?} then {d2:?}");
+    }
+}
