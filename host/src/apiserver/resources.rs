@@ -10,7 +10,7 @@ use super::error::ApiError;
 pub enum ListStrategy {
     /// No patch strategy: the patch list replaces the live list.
     Atomic,
-    /// `patchStrategy:"merge"` on a list of scalars: set union, order kept.
+    /// `patchStrategy:"merge"` on a list of scalars: set union, ordered as upstream does.
     MergePrimitive,
     /// `patchStrategy:"merge"` with `patchMergeKey`.
     MergeByKey(&'static str),
