@@ -280,3 +280,62 @@ async fn one_leader_takeover_on_kill_and_sigterm_releases_the_lease() {
     assert_eq!(code, Some(0), "SIGTERM exits 0");
     assert_eq!(holder(&server), None, "the lease is released on SIGTERM");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_controllers_run_end_to_end_in_the_real_binary() {
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let ctl = server.controls();
+    ctl.seed(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-1"},
+        "spec": {"podCIDRs": ["10.244.1.0/24"], "podCIDR": "10.244.1.0/24",
+                 "taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                   "addresses": [{"type": "Hostname", "address": "node-1"}]}
+    }))
+    .unwrap();
+    ctl.seed(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}
+    }))
+    .unwrap();
+    let replica = Replica::start(dir.path(), "solo", &kubeconfig, &["--leader-elect=false"]);
+    tokio::task::block_in_place(|| {
+        wait_until(
+            "node initialised, LB ensured, route created",
+            Duration::from_secs(60),
+            || {
+                let node = ctl.get("nodes", "", "node-1").unwrap();
+                let svc = ctl.get("services", "default", "web").unwrap();
+                let untainted = node["spec"]["taints"]
+                    .as_array()
+                    .is_none_or(|t| t.is_empty());
+                let has_ip = svc["status"]["loadBalancer"]["ingress"][0]["ip"].is_string();
+                let routed = node["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "NetworkUnavailable" && c["status"] == "False")
+                });
+                untainted && node["spec"]["providerID"] == "fake://node-1" && has_ip && routed
+            },
+        )
+    });
+    for check in [
+        "cloud-node-controller",
+        "cloud-node-lifecycle-controller",
+        "service-lb-controller",
+        "node-route-controller",
+    ] {
+        let (code, _) =
+            tokio::task::block_in_place(|| replica.get(&format!("/healthz/{check}"))).unwrap();
+        assert_eq!(code, 200, "{check} started");
+    }
+    let svc = ctl.get("services", "default", "web").unwrap();
+    assert_eq!(
+        svc["metadata"]["finalizers"][0],
+        "service.kubernetes.io/load-balancer-cleanup"
+    );
+}

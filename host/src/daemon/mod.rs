@@ -290,8 +290,31 @@ fn start_controller(
     ctx: &ControllerContext,
     args: &RunArgs,
 ) -> Result<Option<JoinHandle<()>>, String> {
-    match name.alias {
-        "route" => {
+    let simple = |check: fn(&ControllerContext) -> Result<(), controllers::NotStarted>,
+                  run: fn(
+        ControllerContext,
+    )
+        -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>|
+     -> Result<Option<JoinHandle<()>>, String> {
+        match check(ctx) {
+            Ok(()) => Ok(Some(tokio::spawn(run(ctx.clone())))),
+            Err(not_started) => {
+                tracing::warn!(controller = name.canonical, "not started: {not_started}");
+                Ok(None)
+            }
+        }
+    };
+    match name.canonical {
+        controllers::node::NAME => simple(controllers::node::check, |c| {
+            Box::pin(controllers::node::run(c))
+        }),
+        controllers::node_lifecycle::NAME => simple(controllers::node_lifecycle::check, |c| {
+            Box::pin(controllers::node_lifecycle::run(c))
+        }),
+        controllers::service::NAME => simple(controllers::service::check, |c| {
+            Box::pin(controllers::service::run(c))
+        }),
+        controllers::route::NAME => {
             match controllers::route::check(ctx, args.configure_cloud_routes, &args.cluster_cidr) {
                 Ok(cidrs) => Ok(Some(tokio::spawn(controllers::route::run(
                     ctx.clone(),
@@ -304,13 +327,7 @@ fn start_controller(
                 Err(Err(fatal)) => Err(fatal),
             }
         }
-        other => {
-            tracing::warn!(
-                controller = other,
-                "not started: this controller is not available in this build yet"
-            );
-            Ok(None)
-        }
+        other => Err(format!("no implementation for controller {other}")),
     }
 }
 
