@@ -339,3 +339,41 @@ async fn all_controllers_run_end_to_end_in_the_real_binary() {
         "service.kubernetes.io/load-balancer-cleanup"
     );
 }
+
+#[test]
+fn plugin_logs_reach_the_host_log_with_the_plugin_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let fixture = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libccm_fixture_misbehaving.so"))
+        .find(|p| p.is_file())
+        .expect("fixture built");
+    std::fs::copy(fixture, plugins.join("panic-in-register.so")).unwrap();
+    let out = Command::new(BIN)
+        .arg("plugins")
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("provider fake "), "{stdout}");
+    assert!(stdout.contains("provider fake-v1 "), "{stdout}");
+    assert!(
+        stdout.contains("panic-in-register.so: its register function failed"),
+        "{stdout}"
+    );
+    // The plugin's panic report went through the SDK's log forwarding into the host's tracing
+    // output, tagged with the plugin file, with the source location.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("fixture panic in register") && l.contains("plugin"))
+        .unwrap_or_else(|| panic!("no forwarded plugin log in:\n{stderr}"));
+    assert!(line.contains("panic-in-register.so"), "{line}");
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("misbehaving/src/lib.rs"), "{line}");
+}
