@@ -497,6 +497,12 @@ async fn node_sync_updates_only_load_balancer_services_for_any_worker_count() {
         assert!(retry.is_empty(), "{retry:?}");
         let updates = env.calls("update");
         assert_eq!(updates.len(), 2, "workers={workers}: {updates:?}");
+        assert_eq!(
+            env.h.metrics.service_lb_sync_total.get(),
+            2,
+            "one per UpdateLoadBalancer"
+        );
+        assert_eq!(env.h.metrics.service_nodesync_error_total.get(), 0);
         for name in ["a", "b"] {
             assert_eq!(
                 env.calls_for("update", name),
@@ -673,6 +679,7 @@ async fn node_changes_update_hosts_only_when_the_stable_set_changes() {
         2,
         "GetLoadBalancer fallback"
     );
+    assert_eq!(env.h.metrics.service_nodesync_error_total.get(), 2);
     env.has_event(
         "s1",
         "Warning",
