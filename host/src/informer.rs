@@ -17,7 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 /// A change seen by the shared watch.
@@ -44,6 +44,7 @@ where
 {
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
+    synced: watch::Receiver<bool>,
 }
 
 impl<K> Clone for SharedInformer<K>
@@ -55,6 +56,7 @@ where
         Self {
             store: self.store.clone(),
             changes: self.changes.clone(),
+            synced: self.synced.clone(),
         }
     }
 }
@@ -75,6 +77,7 @@ where
         let store = writer.as_reader();
         let (changes, _) = broadcast::channel(CHANGE_BUFFER);
         let tx = changes.clone();
+        let (synced_tx, synced) = watch::channel(false);
         tokio::spawn(async move {
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             let mut relist: Option<Relist<K>> = None;
@@ -139,12 +142,17 @@ where
                         for obj in gone {
                             let _ = tx.send(Change::Deleted(obj));
                         }
+                        synced_tx.send_replace(true);
                     }
                 }
             }
             tracing::debug!(kind = %K::kind(&()), "shared watch stopped");
         });
-        Self { store, changes }
+        Self {
+            store,
+            changes,
+            synced,
+        }
     }
 
     /// The cache (upstream's lister).
@@ -165,7 +173,13 @@ where
 
     /// Wait until the first list has completed (upstream `WaitForCacheSync`). Returns false if
     /// the watch ended first.
+    ///
+    /// Any number of tasks may wait at once. (kube-runtime's `Store::wait_until_ready` polls a
+    /// oneshot receiver that keeps only the last waker, so with several concurrent waiters some
+    /// were never woken; a watch channel wakes them all.)
     pub async fn wait_synced(&self) -> bool {
-        self.store.wait_until_ready().await.is_ok()
+        let mut synced = self.synced.clone();
+        let ready = synced.wait_for(|ready| *ready).await.is_ok();
+        ready
     }
 }

@@ -77,7 +77,7 @@ impl Replica {
                 "10.244.0.0/16",
             ])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info,ccm_host::controllers=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -237,24 +237,46 @@ async fn one_leader_takeover_on_kill_and_sigterm_releases_the_lease() {
         (&mut b, &mut a)
     };
 
-    // Health and metrics on the leader.
+    // Health and metrics on the leader (controllers' checks are added once all have started).
+    tokio::task::block_in_place(|| {
+        wait_until(
+            "leader /healthz/node-route-controller",
+            Duration::from_secs(30),
+            || {
+                leader
+                    .get("/healthz/node-route-controller")
+                    .is_some_and(|(code, _)| code == 200)
+            },
+        );
+        wait_until("standby serves /healthz", Duration::from_secs(30), || {
+            standby
+                .get("/healthz")
+                .is_some_and(|(code, body)| code == 200 && body == "ok")
+        });
+    });
     let (code, body) =
         tokio::task::block_in_place(|| leader.get("/healthz")).expect("healthz answers");
     assert_eq!((code, body.as_str()), (200, "ok"));
     let (code, _) =
-        tokio::task::block_in_place(|| leader.get("/healthz/node-route-controller")).unwrap();
-    assert_eq!(code, 200, "a check per started controller");
-    let (code, _) =
         tokio::task::block_in_place(|| standby.get("/healthz/node-route-controller")).unwrap();
     assert_eq!(code, 404, "a standby only has leaderElection");
-    let (code, metrics) = tokio::task::block_in_place(|| leader.get("/metrics")).unwrap();
+    let (code, _) = tokio::task::block_in_place(|| standby.get("/healthz/leaderElection")).unwrap();
     assert_eq!(code, 200);
-    assert!(
-        metrics.contains(
-            "running_managed_controllers{name=\"route\",manager=\"cloud-controller-manager\"} 1"
-        ),
-        "{metrics}"
-    );
+    // The route controller reports itself running once its node cache has synced.
+    tokio::task::block_in_place(|| {
+        wait_until(
+            "running_managed_controllers{name=route} = 1",
+            Duration::from_secs(30),
+            || {
+                leader.get("/metrics").is_some_and(|(code, body)| {
+                code == 200
+                    && body.contains(
+                        "running_managed_controllers{name=\"route\",manager=\"cloud-controller-manager\"} 1",
+                    )
+            })
+            },
+        )
+    });
     assert!(
         tokio::task::block_in_place(|| standby.get("/readyz"))
             .unwrap()
@@ -303,26 +325,43 @@ async fn all_controllers_run_end_to_end_in_the_real_binary() {
         "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}
     }))
     .unwrap();
-    let replica = Replica::start(dir.path(), "solo", &kubeconfig, &["--leader-elect=false"]);
-    tokio::task::block_in_place(|| {
-        wait_until(
-            "node initialised, LB ensured, route created",
-            Duration::from_secs(60),
-            || {
-                let node = ctl.get("nodes", "", "node-1").unwrap();
-                let svc = ctl.get("services", "default", "web").unwrap();
-                let untainted = node["spec"]["taints"]
-                    .as_array()
-                    .is_none_or(|t| t.is_empty());
-                let has_ip = svc["status"]["loadBalancer"]["ingress"][0]["ip"].is_string();
-                let routed = node["status"]["conditions"].as_array().is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c["type"] == "NetworkUnavailable" && c["status"] == "False")
-                });
-                untainted && node["spec"]["providerID"] == "fake://node-1" && has_ip && routed
-            },
-        )
+    let mut replica = Replica::start(dir.path(), "solo", &kubeconfig, &["--leader-elect=false"]);
+    let started = Instant::now();
+    let mut last = String::new();
+    let converged = tokio::task::block_in_place(|| loop {
+        let node = ctl.get("nodes", "", "node-1").unwrap();
+        let svc = ctl.get("services", "default", "web").unwrap();
+        let untainted = node["spec"]["taints"]
+            .as_array()
+            .is_none_or(|t| t.is_empty());
+        let provider_id = node["spec"]["providerID"] == "fake://node-1";
+        let has_ip = svc["status"]["loadBalancer"]["ingress"][0]["ip"].is_string();
+        let routed = node["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "NetworkUnavailable" && c["status"] == "False")
+        });
+        if untainted && provider_id && has_ip && routed {
+            break true;
+        }
+        last = format!(
+            "untainted={untainted} providerID={provider_id} ingress={has_ip} routed={routed}"
+        );
+        if started.elapsed() > Duration::from_secs(60) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     });
+    if !converged {
+        let _ = replica.child.kill();
+        let mut log = String::new();
+        use std::io::Read;
+        let _ = replica
+            .child
+            .stderr
+            .take()
+            .map(|mut e| e.read_to_string(&mut log));
+        panic!("did not converge within 60s: {last}\nhost log:\n{log}");
+    }
     for check in [
         "cloud-node-controller",
         "cloud-node-lifecycle-controller",
