@@ -8,7 +8,7 @@
 //! if the queue is full the event is dropped with a debug log, as client-go does.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Service};
@@ -83,7 +83,6 @@ struct Seen {
     namespace: String,
     name: String,
     count: i32,
-    first: Time,
     at: Instant,
 }
 
@@ -135,7 +134,8 @@ impl EventRecorder {
 }
 
 async fn writer(client: Client, component: String, host: String, mut rx: mpsc::Receiver<Pending>) {
-    let seen: Mutex<HashMap<AggregateKey, Seen>> = Mutex::default();
+    // Owned by this single writer task: no lock needed.
+    let mut seen: HashMap<AggregateKey, Seen> = HashMap::new();
     let mut buckets: HashMap<(Option<String>, Option<String>), (f64, Instant)> = HashMap::new();
     while let Some(ev) = rx.recv().await {
         let obj_key = (ev.object.namespace.clone(), ev.object.name.clone());
@@ -149,7 +149,7 @@ async fn writer(client: Client, component: String, host: String, mut rx: mpsc::R
             continue;
         }
         *tokens -= 1.0;
-        if let Err(e) = write_event(&client, &component, &host, &seen, ev).await {
+        if let Err(e) = write_event(&client, &component, &host, &mut seen, ev).await {
             tracing::warn!(component, "could not write event: {e}");
         }
     }
@@ -159,7 +159,7 @@ async fn write_event(
     client: &Client,
     component: &str,
     host: &str,
-    seen: &Mutex<HashMap<AggregateKey, Seen>>,
+    seen: &mut HashMap<AggregateKey, Seen>,
     ev: Pending,
 ) -> Result<(), kube::Error> {
     let key = AggregateKey {
@@ -174,21 +174,13 @@ async fn write_event(
         message: ev.message.clone(),
     };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let repeat = {
-        let mut map = seen.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, s| s.at.elapsed() < AGGREGATE_WINDOW);
-        map.get_mut(&key).map(|s| {
-            s.count += 1;
-            s.at = Instant::now();
-            (
-                s.namespace.clone(),
-                s.name.clone(),
-                s.count,
-                s.first.clone(),
-            )
-        })
-    };
-    if let Some((namespace, name, count, _first)) = repeat {
+    seen.retain(|_, s| s.at.elapsed() < AGGREGATE_WINDOW);
+    let repeat = seen.get_mut(&key).map(|s| {
+        s.count += 1;
+        s.at = Instant::now();
+        (s.namespace.clone(), s.name.clone(), s.count)
+    });
+    if let Some((namespace, name, count)) = repeat {
         let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
         let patch = serde_json::json!({"count": count, "lastTimestamp": now});
         match api
@@ -232,13 +224,12 @@ async fn write_event(
     };
     let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
     api.create(&PostParams::default(), &event).await?;
-    seen.lock().unwrap_or_else(|p| p.into_inner()).insert(
+    seen.insert(
         key,
         Seen {
             namespace,
             name,
             count: 1,
-            first: now,
             at: Instant::now(),
         },
     );
