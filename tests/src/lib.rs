@@ -80,4 +80,10 @@ pub mod libs {
     pub const ABI_MISMATCH: &str = "ccm_fixture_abi_mismatch";
     /// A shared library that is not a plugin.
     pub const NOT_A_PLUGIN: &str = "ccm_fixture_not_a_plugin";
+    /// A provider that breaks the provider contract on purpose (for `ccm-host check`).
+    pub const BROKEN: &str = "ccm_fixture_broken";
+    /// The bare-metal provider (`metal`).
+    pub const METAL: &str = "ccm_provider_metal";
+    /// The minimal example provider of docs/writing-a-provider.md.
+    pub const EXAMPLE: &str = "ccm_provider_example";
 }

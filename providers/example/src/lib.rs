@@ -1,0 +1,1 @@
+//! The example provider (work in progress, issue 8).

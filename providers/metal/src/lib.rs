@@ -1,0 +1,1 @@
+//! The `metal` provider (work in progress, issue 9).
