@@ -39,8 +39,23 @@ pub const EXIT_FATAL: i32 = 1;
 /// How long shutdown waits for controllers before releasing the lease anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// Run the daemon; returns the process exit code.
+/// Run the daemon until SIGTERM/SIGINT; returns the process exit code.
 pub async fn run(args: RunArgs, max_log_level: u8) -> i32 {
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    let signals = tokio::spawn(async move {
+        wait_for_signal().await;
+        on_signal.cancel();
+    });
+    let code = run_until(args, max_log_level, shutdown).await;
+    signals.abort();
+    code
+}
+
+/// Run the daemon until `shutdown` is cancelled (the graceful path: stop controllers, release
+/// the lease, return 0), or until the lease is lost or start-up fails. Embedders such as
+/// `ccm-host sandbox` use this to run the real daemon in-process.
+pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationToken) -> i32 {
     let settings = match args.validate() {
         Ok(s) => s,
         Err(errors) => {
@@ -107,6 +122,7 @@ pub async fn run(args: RunArgs, max_log_level: u8) -> i32 {
         metrics,
         health,
         stop,
+        shutdown,
     };
     daemon.run().await
 }
@@ -120,6 +136,8 @@ struct Daemon {
     metrics: Arc<Metrics>,
     health: http::Health,
     stop: CancellationToken,
+    /// Cancelled to shut down gracefully (signals, or the embedder).
+    shutdown: CancellationToken,
 }
 
 impl Daemon {
@@ -129,7 +147,7 @@ impl Daemon {
                 Ok(h) => h,
                 Err(code) => return code,
             };
-            wait_for_signal().await;
+            self.shutdown.cancelled().await;
             tracing::info!("shutting down");
             self.stop_controllers(handles).await;
             return 0;
@@ -174,7 +192,7 @@ impl Daemon {
         tracing::info!(identity = %self.identity, "waiting for the lease {}/{}", self.args.leader_elect_resource_namespace, self.args.leader_elect_resource_name);
 
         // Wait to become leader (or for a signal).
-        let signal = wait_for_signal();
+        let signal = self.shutdown.clone().cancelled_owned();
         tokio::pin!(signal);
         loop {
             if *leader.borrow_and_update() {
