@@ -33,6 +33,10 @@ pub enum Command {
     /// List every plugin file, the providers it registered, its ABI version and capabilities,
     /// and every refused file with the reason.
     Plugins(PluginsArgs),
+    /// Run the real controllers against an in-memory API server and a demo cloud: no cluster needed.
+    Sandbox(Box<crate::sandbox::SandboxArgs>),
+    /// Conformance kit for provider authors: run a scripted suite against one provider.
+    Check(Box<crate::check::CheckArgs>),
 }
 
 /// Log output format.

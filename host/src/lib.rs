@@ -6,6 +6,7 @@
 //! - [`cli`]: the command line.
 
 pub mod apiserver;
+pub mod check;
 pub mod cli;
 pub mod controllers;
 pub mod daemon;
@@ -16,4 +17,5 @@ pub mod metrics;
 pub mod patches;
 pub mod plugin;
 pub mod provider;
+pub mod sandbox;
 pub mod workqueue;

@@ -5,11 +5,10 @@ use ccm_provider_abi::abi::log_level;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-fn run_daemon(args: ccm_host::daemon::RunArgs, max_level: u8) -> anyhow::Result<i32> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?;
-    Ok(runtime.block_on(ccm_host::daemon::run(args, max_level)))
+        .build()?)
 }
 
 fn main() -> ExitCode {
@@ -29,7 +28,15 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Plugins(args) => cli::plugins(&args, max_level, &mut std::io::stdout().lock()),
-        Command::Run(args) => run_daemon(*args, max_level),
+        Command::Run(args) => {
+            runtime().map(|rt| rt.block_on(ccm_host::daemon::run(*args, max_level)))
+        }
+        Command::Sandbox(args) => {
+            runtime().and_then(|rt| rt.block_on(ccm_host::sandbox::main(*args, max_level)))
+        }
+        Command::Check(args) => {
+            runtime().and_then(|rt| rt.block_on(ccm_host::check::main(*args, max_level)))
+        }
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
