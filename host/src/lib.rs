@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod patches;
 pub mod plugin;
 pub mod provider;
+pub mod rate_limit;
 pub mod sandbox;
 pub mod workqueue;
