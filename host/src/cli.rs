@@ -136,6 +136,7 @@ pub fn plugins(args: &PluginsArgs, max_log_level: u8, out: &mut dyn Write) -> an
     // Capabilities are only known once a provider exists: build each with no cloud config.
     let options = ProviderOptions {
         call_timeout: Duration::from_secs(10),
+        ..ProviderOptions::default()
     };
     let listing = PluginListing {
         plugins: registry

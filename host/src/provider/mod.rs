@@ -5,11 +5,20 @@
 //! with a deadline; when the deadline passes the host stops waiting, sets the call's cancellation
 //! flag (which the plugin can poll through its `CallContext`) and returns `DeadlineExceeded`.
 //! Dropping the returned future (e.g. on shutdown) cancels the call the same way.
+//!
+//! Beyond upstream, the same path applies a host-wide budget of cloud calls
+//! (`--cloud-api-qps`/`--cloud-api-burst`, shared round-robin between the calling controllers,
+//! see [`crate::rate_limit`]), coalesces identical read calls that are in flight at the same
+//! time (two `InstanceMetadata` calls for one node make one plugin call), and records
+//! [`CallMetrics`].
 
+mod call_metrics;
 mod host_services;
 
+use std::any::Any;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use abi_stable::std_types::{RResult, RString};
@@ -19,9 +28,13 @@ use ccm_provider_abi::abi::{
 };
 use ccm_provider_abi::types::AbiRoute;
 use ccm_provider_abi::{CallContext, InstanceMetadata, ProviderError, Route, Zone};
+use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use serde::Serialize;
 
+use crate::rate_limit::FairLimiter;
+pub use call_metrics::CallMetrics;
+use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels};
 pub use host_services::HostServices;
 
 /// Options of the provider call layer.
@@ -29,15 +42,24 @@ pub use host_services::HostServices;
 pub struct ProviderOptions {
     /// Deadline of every provider call (default 30 s).
     pub call_timeout: Duration,
+    /// Host-wide budget of cloud calls per second (`--cloud-api-qps`); 0 = unlimited.
+    pub cloud_api_qps: f64,
+    /// Calls allowed at once above the rate (`--cloud-api-burst`).
+    pub cloud_api_burst: u32,
 }
 
 impl Default for ProviderOptions {
     fn default() -> Self {
         Self {
             call_timeout: Duration::from_secs(30),
+            cloud_api_qps: 0.0,
+            cloud_api_burst: 1,
         }
     }
 }
+
+/// The caller label of calls made outside a controller (Initialize, tools).
+pub const HOST_CALLER: &str = "host";
 
 /// Which optional capabilities the provider offers (upstream's `(impl, bool)` getters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -74,11 +96,15 @@ impl Capabilities {
     }
 }
 
-/// The selected provider. Cheap to clone; share it between controllers.
+/// The selected provider. Cheap to clone; share it between controllers, each under its own
+/// caller name ([`Provider::for_caller`]) so the call budget can be fair between them.
 #[derive(Clone)]
 pub struct Provider {
     inner: Arc<Inner>,
+    caller: &'static str,
 }
+
+type SharedCall<T> = Shared<BoxFuture<'static, Result<T, ProviderError>>>;
 
 struct Inner {
     registered_name: String,
@@ -92,7 +118,34 @@ struct Inner {
     zones: Option<Arc<ZonesBox>>,
     clusters: Option<Arc<ClustersBox>>,
     routes: Option<Arc<RoutesBox>>,
+    budget: Option<FairLimiter>,
+    metrics: CallMetrics,
+    /// Read calls in flight by `method\0key`.
+    in_flight_reads: Mutex<HashMap<String, ReadEntry>>,
 }
+
+/// A read call in flight: a `WeakShared` of its shared future (typed by the call's result).
+struct ReadEntry {
+    weak: Box<dyn Any + Send + Sync>,
+    /// Whether the call is still running (monomorphised for the entry's result type).
+    running: fn(&(dyn Any + Send + Sync)) -> bool,
+}
+
+fn upgrade<T: Clone + Send + Sync + 'static>(
+    weak: &(dyn Any + Send + Sync),
+) -> Option<SharedCall<T>> {
+    weak.downcast_ref::<WeakShared<BoxFuture<'static, Result<T, ProviderError>>>>()
+        .and_then(WeakShared::upgrade)
+        .filter(|call| call.peek().is_none())
+}
+
+fn running<T: Clone + Send + Sync + 'static>(weak: &(dyn Any + Send + Sync)) -> bool {
+    upgrade::<T>(weak).is_some()
+}
+
+/// Entries are normally removed by their last waiter; when every waiter was dropped first, a dead
+/// entry stays until its key is used again or the map grows past this size and is swept.
+const READ_SWEEP_THRESHOLD: usize = 512;
 
 fn unsupported(capability: &str) -> ProviderError {
     ProviderError::not_implemented()
@@ -143,10 +196,33 @@ impl Provider {
             clusters: cloud.clusters().into_option().map(Arc::new),
             routes: cloud.routes().into_option().map(Arc::new),
             cloud,
+            budget: (options.cloud_api_qps > 0.0)
+                .then(|| FairLimiter::new(options.cloud_api_qps, options.cloud_api_burst)),
+            metrics: CallMetrics::default(),
+            in_flight_reads: Mutex::new(HashMap::new()),
         };
         Ok(Self {
             inner: Arc::new(inner),
+            caller: HOST_CALLER,
         })
+    }
+
+    /// The same provider, with calls labelled (metrics) and queued (budget) as `caller`.
+    pub fn for_caller(&self, caller: &'static str) -> Provider {
+        Provider {
+            inner: self.inner.clone(),
+            caller,
+        }
+    }
+
+    /// The caller name of this handle.
+    pub fn caller(&self) -> &'static str {
+        self.caller
+    }
+
+    /// The call metrics (register them with [`CallMetrics::register`]).
+    pub fn metrics(&self) -> &CallMetrics {
+        &self.inner.metrics
     }
 
     /// The name the provider was registered and selected under.
@@ -182,19 +258,41 @@ impl Provider {
         }
     }
 
-    /// The single path every provider call takes: blocking pool, deadline, cancellation.
+    /// The single path every provider call takes: budget, blocking pool, deadline,
+    /// cancellation, metrics.
     pub async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, ProviderError>
     where
         T: Send + 'static,
         F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
     {
+        let metrics = &self.inner.metrics;
+        if let Some(budget) = &self.inner.budget {
+            let waited = budget.acquire(self.caller).await;
+            metrics
+                .budget_wait
+                .get_or_create(&CallerLabels {
+                    caller: self.caller,
+                })
+                .observe(waited.as_secs_f64());
+        }
+        metrics
+            .calls
+            .get_or_create(&CallLabels {
+                method: op,
+                caller: self.caller,
+            })
+            .inc();
+        let method = MethodLabels { method: op };
+        let _in_flight = InFlight::start(metrics.in_flight.get_or_create(&method).clone());
+        let started = std::time::Instant::now();
+
         let timeout = self.inner.options.call_timeout;
         let ctx = CallContext::new(Some(timeout));
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
         let task = tokio::task::spawn_blocking(move || f(&plugin_ctx).into_result());
         let outcome = tokio::time::timeout(timeout, task).await;
-        match outcome {
+        let result = match outcome {
             Ok(Ok(result)) => {
                 guard.0 = None;
                 result
@@ -209,7 +307,89 @@ impl Provider {
                     "{op} did not return within {timeout:?}"
                 )))
             }
+        };
+        metrics
+            .duration
+            .get_or_create(&method)
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            let kind = e.kind();
+            metrics
+                .errors
+                .get_or_create(&ErrorLabels {
+                    method: op,
+                    kind: kind.name(),
+                })
+                .inc();
+            if kind == ccm_provider_abi::ErrorKind::PANICKED {
+                metrics.panics.get_or_create(&method).inc();
+            } else if kind == ccm_provider_abi::ErrorKind::DEADLINE_EXCEEDED {
+                metrics.timeouts.get_or_create(&method).inc();
+            }
         }
+        result
+    }
+
+    /// A read-only call that may be shared: while a call with the same `op` and `key` is in
+    /// flight, a second caller waits for its answer instead of calling the plugin again.
+    /// The plugin call is cancelled only when every waiter has gone away.
+    async fn read_call<T, F>(&self, op: &'static str, key: String, f: F) -> Result<T, ProviderError>
+    where
+        T: Clone + Send + Sync + 'static,
+        F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
+    {
+        let key = format!("{op}\0{key}");
+        let shared: SharedCall<T> = {
+            let mut reads = self
+                .inner
+                .in_flight_reads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let in_flight = reads.get(&key).and_then(|e| upgrade::<T>(&*e.weak));
+            match in_flight {
+                Some(call) => {
+                    self.inner
+                        .metrics
+                        .coalesced
+                        .get_or_create(&MethodLabels { method: op })
+                        .inc();
+                    call
+                }
+                None => {
+                    let this = self.clone();
+                    let call: BoxFuture<'static, Result<T, ProviderError>> =
+                        Box::pin(async move { this.call(op, f).await });
+                    let call = call.shared();
+                    if reads.len() >= READ_SWEEP_THRESHOLD {
+                        reads.retain(|_, e| (e.running)(&*e.weak));
+                    }
+                    if let Some(weak) = call.downgrade() {
+                        reads.insert(
+                            key.clone(),
+                            ReadEntry {
+                                weak: Box::new(weak),
+                                running: running::<T>,
+                            },
+                        );
+                    }
+                    call
+                }
+            }
+        };
+        let result = shared.clone().await;
+        drop(shared);
+        let mut reads = self
+            .inner
+            .in_flight_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Forget the entry once its call has finished (or every waiter has gone); a newer call
+        // under the same key is left alone.
+        let finished = reads.get(&key).is_some_and(|e| !(e.running)(&*e.weak));
+        if finished {
+            reads.remove(&key);
+        }
+        result
     }
 
     /// `Initialize`.
@@ -268,12 +448,13 @@ impl Provider {
         cluster: &str,
         service: &Service,
     ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
+        let key = format!("{cluster}\0{}", read_key(service));
         let (lb, cluster, svc) = (
             self.lb()?,
             cluster.to_string(),
             to_json("Service", service)?,
         );
-        self.call("GetLoadBalancer", move |ctx| {
+        self.read_call("GetLoadBalancer", key, move |ctx| {
             lb.get_load_balancer(ctx, cluster.as_str().into(), svc.as_str().into())
                 .map(|o| o.into_option().map(Into::into))
         })
@@ -286,12 +467,13 @@ impl Provider {
         cluster: &str,
         service: &Service,
     ) -> Result<String, ProviderError> {
+        let key = format!("{cluster}\0{}", read_key(service));
         let (lb, cluster, svc) = (
             self.lb()?,
             cluster.to_string(),
             to_json("Service", service)?,
         );
-        self.call("GetLoadBalancerName", move |ctx| {
+        self.read_call("GetLoadBalancerName", key, move |ctx| {
             lb.get_load_balancer_name(ctx, cluster.as_str().into(), svc.as_str().into())
                 .map(RString::into_string)
         })
@@ -368,8 +550,9 @@ impl Provider {
 
     /// `NodeAddresses`.
     pub async fn node_addresses(&self, node_name: &str) -> Result<Vec<NodeAddress>, ProviderError> {
+        let key = node_name.to_string();
         let (i, name) = (self.legacy()?, node_name.to_string());
-        self.call("NodeAddresses", move |ctx| {
+        self.read_call("NodeAddresses", key, move |ctx| {
             i.node_addresses(ctx, name.as_str().into())
                 .map(from_abi_addresses)
         })
@@ -381,8 +564,9 @@ impl Provider {
         &self,
         provider_id: &str,
     ) -> Result<Vec<NodeAddress>, ProviderError> {
+        let key = provider_id.to_string();
         let (i, id) = (self.legacy()?, provider_id.to_string());
-        self.call("NodeAddressesByProviderID", move |ctx| {
+        self.read_call("NodeAddressesByProviderID", key, move |ctx| {
             i.node_addresses_by_provider_id(ctx, id.as_str().into())
                 .map(from_abi_addresses)
         })
@@ -391,8 +575,9 @@ impl Provider {
 
     /// `InstanceID`.
     pub async fn instance_id(&self, node_name: &str) -> Result<String, ProviderError> {
+        let key = node_name.to_string();
         let (i, name) = (self.legacy()?, node_name.to_string());
-        self.call("InstanceID", move |ctx| {
+        self.read_call("InstanceID", key, move |ctx| {
             i.instance_id(ctx, name.as_str().into())
                 .map(RString::into_string)
         })
@@ -401,8 +586,9 @@ impl Provider {
 
     /// `InstanceType`.
     pub async fn instance_type(&self, node_name: &str) -> Result<String, ProviderError> {
+        let key = node_name.to_string();
         let (i, name) = (self.legacy()?, node_name.to_string());
-        self.call("InstanceType", move |ctx| {
+        self.read_call("InstanceType", key, move |ctx| {
             i.instance_type(ctx, name.as_str().into())
                 .map(RString::into_string)
         })
@@ -414,8 +600,9 @@ impl Provider {
         &self,
         provider_id: &str,
     ) -> Result<String, ProviderError> {
+        let key = provider_id.to_string();
         let (i, id) = (self.legacy()?, provider_id.to_string());
-        self.call("InstanceTypeByProviderID", move |ctx| {
+        self.read_call("InstanceTypeByProviderID", key, move |ctx| {
             i.instance_type_by_provider_id(ctx, id.as_str().into())
                 .map(RString::into_string)
         })
@@ -427,8 +614,9 @@ impl Provider {
         &self,
         provider_id: &str,
     ) -> Result<bool, ProviderError> {
+        let key = provider_id.to_string();
         let (i, id) = (self.legacy()?, provider_id.to_string());
-        self.call("InstanceExistsByProviderID", move |ctx| {
+        self.read_call("InstanceExistsByProviderID", key, move |ctx| {
             i.instance_exists_by_provider_id(ctx, id.as_str().into())
         })
         .await
@@ -439,8 +627,9 @@ impl Provider {
         &self,
         provider_id: &str,
     ) -> Result<bool, ProviderError> {
+        let key = provider_id.to_string();
         let (i, id) = (self.legacy()?, provider_id.to_string());
-        self.call("InstanceShutdownByProviderID", move |ctx| {
+        self.read_call("InstanceShutdownByProviderID", key, move |ctx| {
             i.instance_shutdown_by_provider_id(ctx, id.as_str().into())
         })
         .await
@@ -448,8 +637,9 @@ impl Provider {
 
     /// `CurrentNodeName`.
     pub async fn current_node_name(&self, hostname: &str) -> Result<String, ProviderError> {
+        let key = hostname.to_string();
         let (i, host) = (self.legacy()?, hostname.to_string());
-        self.call("CurrentNodeName", move |ctx| {
+        self.read_call("CurrentNodeName", key, move |ctx| {
             i.current_node_name(ctx, host.as_str().into())
                 .map(RString::into_string)
         })
@@ -460,8 +650,9 @@ impl Provider {
 
     /// `InstanceExists`.
     pub async fn instance_exists(&self, node: &Node) -> Result<bool, ProviderError> {
+        let key = read_key(node);
         let (i, node) = (self.v2()?, to_json("Node", node)?);
-        self.call("InstanceExists", move |ctx| {
+        self.read_call("InstanceExists", key, move |ctx| {
             i.instance_exists(ctx, node.as_str().into())
         })
         .await
@@ -469,8 +660,9 @@ impl Provider {
 
     /// `InstanceShutdown`.
     pub async fn instance_shutdown(&self, node: &Node) -> Result<bool, ProviderError> {
+        let key = read_key(node);
         let (i, node) = (self.v2()?, to_json("Node", node)?);
-        self.call("InstanceShutdown", move |ctx| {
+        self.read_call("InstanceShutdown", key, move |ctx| {
             i.instance_shutdown(ctx, node.as_str().into())
         })
         .await
@@ -481,8 +673,9 @@ impl Provider {
         &self,
         node: &Node,
     ) -> Result<Option<InstanceMetadata>, ProviderError> {
+        let key = read_key(node);
         let (i, node) = (self.v2()?, to_json("Node", node)?);
-        self.call("InstanceMetadata", move |ctx| {
+        self.read_call("InstanceMetadata", key, move |ctx| {
             i.instance_metadata(ctx, node.as_str().into())
                 .map(|o| o.into_option().map(Into::into))
         })
@@ -493,8 +686,9 @@ impl Provider {
 
     /// `GetZoneByProviderID`.
     pub async fn get_zone_by_provider_id(&self, provider_id: &str) -> Result<Zone, ProviderError> {
+        let key = provider_id.to_string();
         let (z, id) = (self.zones()?, provider_id.to_string());
-        self.call("GetZoneByProviderID", move |ctx| {
+        self.read_call("GetZoneByProviderID", key, move |ctx| {
             z.get_zone_by_provider_id(ctx, id.as_str().into())
                 .map(Into::into)
         })
@@ -503,8 +697,9 @@ impl Provider {
 
     /// `GetZoneByNodeName`.
     pub async fn get_zone_by_node_name(&self, node_name: &str) -> Result<Zone, ProviderError> {
+        let key = node_name.to_string();
         let (z, name) = (self.zones()?, node_name.to_string());
-        self.call("GetZoneByNodeName", move |ctx| {
+        self.read_call("GetZoneByNodeName", key, move |ctx| {
             z.get_zone_by_node_name(ctx, name.as_str().into())
                 .map(Into::into)
         })
@@ -515,8 +710,9 @@ impl Provider {
 
     /// `ListClusters`.
     pub async fn list_clusters(&self) -> Result<Vec<String>, ProviderError> {
+        let key = String::new();
         let c = self.clusters()?;
-        self.call("ListClusters", move |ctx| {
+        self.read_call("ListClusters", key, move |ctx| {
             c.list_clusters(ctx)
                 .map(|v| v.into_iter().map(RString::into_string).collect())
         })
@@ -525,8 +721,9 @@ impl Provider {
 
     /// `Master`.
     pub async fn master(&self, cluster: &str) -> Result<String, ProviderError> {
+        let key = cluster.to_string();
         let (c, cluster) = (self.clusters()?, cluster.to_string());
-        self.call("Master", move |ctx| {
+        self.read_call("Master", key, move |ctx| {
             c.master(ctx, cluster.as_str().into())
                 .map(RString::into_string)
         })
@@ -537,8 +734,9 @@ impl Provider {
 
     /// `ListRoutes`.
     pub async fn list_routes(&self, cluster: &str) -> Result<Vec<Route>, ProviderError> {
+        let key = cluster.to_string();
         let (r, cluster) = (self.routes()?, cluster.to_string());
-        self.call("ListRoutes", move |ctx| {
+        self.read_call("ListRoutes", key, move |ctx| {
             r.list_routes(ctx, cluster.as_str().into())
                 .map(|v| v.into_iter().map(Route::from).collect())
         })
@@ -580,6 +778,34 @@ impl std::fmt::Debug for Provider {
             .field("capabilities", &self.capabilities())
             .finish()
     }
+}
+
+/// The identity of a read call's argument for coalescing: its JSON without the fields that
+/// change on every write but not what a provider answers (resourceVersion, managedFields,
+/// condition heartbeats).
+fn read_key<T: Serialize>(value: &T) -> String {
+    let Ok(mut v) = serde_json::to_value(value) else {
+        return String::new();
+    };
+    if let Some(meta) = v
+        .get_mut("metadata")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        meta.remove("resourceVersion");
+        meta.remove("managedFields");
+    }
+    if let Some(conditions) = v
+        .pointer_mut("/status/conditions")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for c in conditions
+            .iter_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            c.remove("lastHeartbeatTime");
+        }
+    }
+    v.to_string()
 }
 
 fn nodes_json(nodes: &[Node]) -> Result<Vec<RString>, ProviderError> {

@@ -44,6 +44,9 @@ pub struct CallRecord {
     /// The call's arguments (`service`, `hosts`, `node`, `providerID`, `cluster`, `cidr`, ...).
     #[serde(default)]
     pub args: serde_json::Value,
+    /// When the call arrived, in milliseconds since the Unix epoch (to count calls per second).
+    #[serde(default)]
+    pub at_ms: u64,
 }
 
 impl CallRecord {
@@ -227,6 +230,10 @@ impl CallLog {
             call: call.to_string(),
             provider: self.provider.clone(),
             args,
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                .unwrap_or(0),
         };
         if let Some(file) = &mut inner.file {
             inner.line.clear();
