@@ -16,6 +16,122 @@ pub struct ControllerLabels {
     pub manager: String,
 }
 
+/// Labels of the workqueue metrics: the queue's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    /// Queue name (`node`, `service`, ...).
+    pub name: String,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+fn queue_latency() -> Histogram {
+    // client-go: 10 ns .. 10^9 ns (1e-8 s .. 10 s), ten buckets.
+    Histogram::new(exponential_buckets(1e-8, 10.0, 10))
+}
+
+/// client-go's workqueue metrics, one series per queue name.
+#[derive(Clone)]
+pub struct WorkqueueMetrics {
+    depth: Family<QueueLabels, Gauge>,
+    adds: Family<QueueLabels, Counter>,
+    queue_duration: Family<QueueLabels, Histogram, fn() -> Histogram>,
+    work_duration: Family<QueueLabels, Histogram, fn() -> Histogram>,
+    retries: Family<QueueLabels, Counter>,
+    unfinished_work: Family<QueueLabels, FloatGauge>,
+    longest_running: Family<QueueLabels, FloatGauge>,
+}
+
+impl Default for WorkqueueMetrics {
+    fn default() -> Self {
+        Self {
+            depth: Family::default(),
+            adds: Family::default(),
+            queue_duration: Family::new_with_constructor(queue_latency),
+            work_duration: Family::new_with_constructor(queue_latency),
+            retries: Family::default(),
+            unfinished_work: Family::default(),
+            longest_running: Family::default(),
+        }
+    }
+}
+
+/// The series of one queue.
+#[derive(Clone)]
+pub struct QueueMetrics {
+    /// `workqueue_depth`.
+    pub depth: Gauge,
+    /// `workqueue_adds_total`.
+    pub adds: Counter,
+    /// `workqueue_queue_duration_seconds`.
+    pub queue_duration: Histogram,
+    /// `workqueue_work_duration_seconds`.
+    pub work_duration: Histogram,
+    /// `workqueue_retries_total`.
+    pub retries: Counter,
+    /// `workqueue_unfinished_work_seconds`.
+    pub unfinished_work: FloatGauge,
+    /// `workqueue_longest_running_processor_seconds`.
+    pub longest_running: FloatGauge,
+}
+
+impl WorkqueueMetrics {
+    /// Register the families in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "workqueue_depth",
+            "Current depth of workqueue",
+            self.depth.clone(),
+        );
+        registry.register(
+            "workqueue_adds",
+            "Total number of adds handled by workqueue",
+            self.adds.clone(),
+        );
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            self.queue_duration.clone(),
+        );
+        registry.register(
+            "workqueue_work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes",
+            self.work_duration.clone(),
+        );
+        registry.register(
+            "workqueue_retries",
+            "Total number of retries handled by workqueue",
+            self.retries.clone(),
+        );
+        registry.register(
+            "workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+            self.unfinished_work.clone(),
+        );
+        registry.register(
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running",
+            self.longest_running.clone(),
+        );
+    }
+
+    /// The series of the queue called `name`.
+    pub fn queue(&self, name: &str) -> QueueMetrics {
+        let l = QueueLabels {
+            name: name.to_string(),
+        };
+        QueueMetrics {
+            depth: self.depth.get_or_create(&l).clone(),
+            adds: self.adds.get_or_create(&l).clone(),
+            queue_duration: self.queue_duration.get_or_create(&l).clone(),
+            work_duration: self.work_duration.get_or_create(&l).clone(),
+            retries: self.retries.get_or_create(&l).clone(),
+            unfinished_work: self.unfinished_work.get_or_create(&l).clone(),
+            longest_running: self.longest_running.get_or_create(&l).clone(),
+        }
+    }
+}
+
 /// Every metric the controllers update.
 pub struct Metrics {
     /// `running_managed_controllers{name,manager}`.
@@ -34,6 +150,8 @@ pub struct Metrics {
     pub service_update_lb_host_latency: Histogram,
     /// `route_controller_route_sync_total`.
     pub route_sync_total: Counter,
+    /// client-go's workqueue metrics of the controllers' queues.
+    pub workqueue: WorkqueueMetrics,
 }
 
 impl Metrics {
@@ -50,7 +168,9 @@ impl Metrics {
             service_nodesync_latency: service_buckets(),
             service_update_lb_host_latency: service_buckets(),
             route_sync_total: Counter::default(),
+            workqueue: WorkqueueMetrics::default(),
         };
+        m.workqueue.register(registry);
         registry.register(
             "running_managed_controllers",
             "Indicates where instances of a controller are currently running",

@@ -5,6 +5,11 @@
 //! - [`WorkQueue::add_rate_limited`] re-adds with per-key exponential backoff
 //!   (`base * 2^failures`, capped), [`WorkQueue::forget`] resets it;
 //! - [`WorkQueue::add_after`] re-adds after an exact delay (upstream's RetryError path).
+//!
+//! With [`WorkQueue::with_metrics`] it reports client-go's workqueue metrics under the queue's
+//! name (`workqueue_depth`, `workqueue_adds_total`, `workqueue_queue_duration_seconds`,
+//! `workqueue_work_duration_seconds`, `workqueue_retries_total`,
+//! `workqueue_unfinished_work_seconds`, `workqueue_longest_running_processor_seconds`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -12,12 +17,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::metrics::{QueueMetrics, WorkqueueMetrics};
 
 struct State<K> {
     queue: VecDeque<K>,
     dirty: HashSet<K>,
-    processing: HashSet<K>,
+    /// Keys being processed, with when their worker took them.
+    processing: HashMap<K, Instant>,
     failures: HashMap<K, u32>,
+    /// When each queued key was added (for `workqueue_queue_duration_seconds`).
+    added_at: HashMap<K, Instant>,
     shutting_down: bool,
 }
 
@@ -28,6 +39,7 @@ pub struct WorkQueue<K> {
     notify: Arc<Notify>,
     base_delay: Duration,
     max_delay: Duration,
+    metrics: Option<QueueMetrics>,
 }
 
 impl<K> Clone for WorkQueue<K> {
@@ -38,6 +50,7 @@ impl<K> Clone for WorkQueue<K> {
             notify: self.notify.clone(),
             base_delay: self.base_delay,
             max_delay: self.max_delay,
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -50,14 +63,46 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
             state: Arc::new(Mutex::new(State {
                 queue: VecDeque::new(),
                 dirty: HashSet::new(),
-                processing: HashSet::new(),
+                processing: HashMap::new(),
                 failures: HashMap::new(),
+                added_at: HashMap::new(),
                 shutting_down: false,
             })),
             notify: Arc::new(Notify::new()),
             base_delay,
             max_delay,
+            metrics: None,
         }
+    }
+
+    /// Report this queue's metrics in `metrics` under its name. The two "in progress" gauges
+    /// are refreshed every second by a task that ends when the queue shuts down (so this must
+    /// be called inside a tokio runtime).
+    pub fn with_metrics(mut self, metrics: &WorkqueueMetrics) -> Self {
+        let m = metrics.queue(&self.name);
+        self.metrics = Some(m.clone());
+        let state = Arc::downgrade(&self.state);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(state) = state.upgrade() else { return };
+                let s = state.lock().unwrap_or_else(|p| p.into_inner());
+                if s.shutting_down {
+                    return;
+                }
+                let now = Instant::now();
+                let running: Vec<f64> = s
+                    .processing
+                    .values()
+                    .map(|t| now.saturating_duration_since(*t).as_secs_f64())
+                    .collect();
+                m.unfinished_work.set(running.iter().sum());
+                m.longest_running
+                    .set(running.iter().copied().fold(0.0, f64::max));
+            }
+        });
+        self
     }
 
     /// The queue's name (upstream's workqueue name).
@@ -75,10 +120,22 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
         if s.shutting_down || !s.dirty.insert(key.clone()) {
             return;
         }
-        if !s.processing.contains(&key) {
+        if let Some(m) = &self.metrics {
+            m.adds.inc();
+            s.added_at.entry(key.clone()).or_insert_with(Instant::now);
+        }
+        if !s.processing.contains_key(&key) {
             s.queue.push_back(key);
+            self.update_depth(&s);
             drop(s);
             self.notify.notify_one();
+        }
+    }
+
+    fn update_depth(&self, s: &State<K>) {
+        if let Some(m) = &self.metrics {
+            m.depth
+                .set(i64::try_from(s.queue.len()).unwrap_or(i64::MAX));
         }
     }
 
@@ -113,6 +170,9 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
     /// Like [`WorkQueue::add_rate_limited`], but wait at least `min_delay` (the delay of an
     /// overall rate limiter combined with the per-key backoff, client-go's `MaxOfRateLimiter`).
     pub fn add_rate_limited_min(&self, key: K, min_delay: Duration) {
+        if let Some(m) = &self.metrics {
+            m.retries.inc();
+        }
         let delay = {
             let mut s = self.lock();
             let failures = s.failures.entry(key.clone()).or_insert(0);
@@ -144,7 +204,15 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
                 }
                 if let Some(key) = s.queue.pop_front() {
                     s.dirty.remove(&key);
-                    s.processing.insert(key.clone());
+                    let now = Instant::now();
+                    if let Some(m) = &self.metrics {
+                        if let Some(added) = s.added_at.remove(&key) {
+                            m.queue_duration
+                                .observe(now.saturating_duration_since(added).as_secs_f64());
+                        }
+                    }
+                    s.processing.insert(key.clone(), now);
+                    self.update_depth(&s);
                     if !s.queue.is_empty() {
                         self.notify.notify_one();
                     }
@@ -158,9 +226,16 @@ impl<K: Hash + Eq + Clone + Send + 'static> WorkQueue<K> {
     /// Mark `key` processed; if it was re-added meanwhile, queue it again.
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
-        s.processing.remove(key);
+        if let (Some(started), Some(m)) = (s.processing.remove(key), &self.metrics) {
+            m.work_duration.observe(
+                Instant::now()
+                    .saturating_duration_since(started)
+                    .as_secs_f64(),
+            );
+        }
         if s.dirty.contains(key) {
             s.queue.push_back(key.clone());
+            self.update_depth(&s);
             drop(s);
             self.notify.notify_one();
         }
@@ -220,6 +295,51 @@ mod tests {
         assert_eq!(q.num_requeues(&1), 0);
         tokio::time::sleep(Duration::from_secs(6)).await;
         assert_eq!(q.get().await, Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_client_go_metrics() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = WorkqueueMetrics::default();
+        metrics.register(&mut registry);
+        let q = WorkQueue::new("things", Duration::from_secs(1), Duration::from_secs(8))
+            .with_metrics(&metrics);
+        q.add("a");
+        q.add("a"); // merged: one add
+        q.add("b");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let a = q.get().await.unwrap();
+        // "a" in progress for 3.5 s; the gauges refresh every second (last at 3 s).
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let text = crate::metrics::render(&registry);
+        assert!(
+            text.contains("workqueue_adds_total{name=\"things\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_depth{name=\"things\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_longest_running_processor_seconds{name=\"things\"} 3"),
+            "{text}"
+        );
+        // Waited 2 s in the queue: in the (1, 10] bucket, not the 1 s one.
+        assert!(
+            text.contains("workqueue_queue_duration_seconds_bucket{le=\"1.0\",name=\"things\"} 0"),
+            "{text}"
+        );
+        q.done(&a);
+        q.add_rate_limited("c");
+        let text = crate::metrics::render(&registry);
+        assert!(
+            text.contains("workqueue_retries_total{name=\"things\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_work_duration_seconds_count{name=\"things\"} 1"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -483,10 +483,12 @@ impl NodeController {
     /// A controller for `ctx` (does not start anything).
     pub fn new(ctx: ControllerContext) -> Self {
         let recorder = ctx.recorder(COMPONENT);
+        let queue =
+            WorkQueue::new(QUEUE, BACKOFF_BASE, BACKOFF_MAX).with_metrics(&ctx.metrics.workqueue);
         Self {
             ctx,
             recorder,
-            queue: WorkQueue::new(QUEUE, BACKOFF_BASE, BACKOFF_MAX),
+            queue,
             bucket: Mutex::new(Bucket {
                 tokens: BUCKET_BURST,
                 last: Instant::now(),

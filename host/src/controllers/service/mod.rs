@@ -195,8 +195,10 @@ impl ServiceController {
             workers,
             cache: Mutex::default(),
             last_synced: Mutex::default(),
-            service_queue: WorkQueue::new("service", MIN_RETRY_DELAY, MAX_RETRY_DELAY),
-            node_queue: WorkQueue::new("node", MIN_RETRY_DELAY, MAX_RETRY_DELAY),
+            service_queue: WorkQueue::new("service", MIN_RETRY_DELAY, MAX_RETRY_DELAY)
+                .with_metrics(&ctx.metrics.workqueue),
+            node_queue: WorkQueue::new("node", MIN_RETRY_DELAY, MAX_RETRY_DELAY)
+                .with_metrics(&ctx.metrics.workqueue),
             ctx,
         }))
     }
