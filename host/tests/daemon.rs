@@ -416,3 +416,196 @@ fn plugin_logs_reach_the_host_log_with_the_plugin_name() {
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("misbehaving/src/lib.rs"), "{line}");
 }
+
+/// GET `path` over HTTPS, trusting only the test certificate.
+async fn https_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    use rustls_pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(fixtures.join("cert.pem")).unwrap()
+    {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await?;
+    tls.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut out = Vec::new();
+    // A close without TLS close_notify is fine for this check.
+    let _ = tls.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out).to_string();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_serve_https_with_cert_flags_and_metrics_cover_calls_and_queues() {
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    let cert = fixtures.join("cert.pem");
+    let key = fixtures.join("key.pem");
+    let replica = Replica::start(
+        dir.path(),
+        "tls",
+        &kubeconfig,
+        &[
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-private-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    let port = replica.port;
+    let started = Instant::now();
+    let healthz = loop {
+        match https_get(port, "/healthz").await {
+            Ok((200, body)) => break body,
+            other => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "no healthy HTTPS endpoint: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(healthz, "ok");
+    // Plain HTTP on the TLS port gets no HTTP answer.
+    assert_eq!(
+        tokio::task::block_in_place(|| replica.get("/healthz")),
+        None
+    );
+    // Once leading: the leaderElection check with upstream's rule, and the metrics.
+    let started = Instant::now();
+    let metrics = loop {
+        let (code, body) = https_get(port, "/metrics").await.unwrap();
+        assert_eq!(code, 200);
+        if body.contains("ccm_provider_calls_total{method=\"Initialize\",caller=\"host\"} 1")
+            && body.contains("workqueue_adds_total{name=\"Nodes\"}")
+        {
+            break body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "metrics never showed the leader's calls and queues:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for series in [
+        "ccm_provider_call_duration_seconds_count{method=\"Initialize\"} 1",
+        "workqueue_depth{name=\"service\"}",
+        "workqueue_depth{name=\"node\"}",
+        "running_managed_controllers{name=\"cloud-node\",manager=\"cloud-controller-manager\"} 1",
+    ] {
+        assert!(metrics.contains(series), "missing {series}:\n{metrics}");
+    }
+    let (code, body) = https_get(port, "/healthz/leaderElection").await.unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok"));
+}
+
+#[test]
+fn tls_flags_are_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("not-a-cert.pem");
+    std::fs::write(&bogus, "hello").unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["run", "--plugin-dir"])
+            .arg(plugin_dir(dir.path()))
+            .args(["--cloud-provider", "fake", "--kubeconfig", "/nonexistent"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "--tls-cert-file",
+        bogus.to_str().unwrap(),
+        "--cloud-api-qps=-1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("error: --tls-cert-file needs --tls-private-key-file"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .contains("error: --cloud-api-qps must be 0 (unlimited) or a positive number, got -1"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_api_qps_limits_the_client() {
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let ctl = server.controls();
+    for i in 0..12 {
+        ctl.seed(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("node-{i}")},
+            "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+    }
+    ctl.clear_requests();
+    let started = Instant::now();
+    let _replica = Replica::start(
+        dir.path(),
+        "qps",
+        &kubeconfig,
+        &[
+            "--leader-elect=false",
+            "--controllers=cloud-node",
+            "--kube-api-qps=8",
+            "--kube-api-burst=2",
+        ],
+    );
+    tokio::task::block_in_place(|| {
+        wait_until("every node initialised", Duration::from_secs(120), || {
+            (0..12).all(|i| {
+                ctl.get("nodes", "", &format!("node-{i}"))
+                    .is_some_and(|n| n["spec"]["providerID"].is_string())
+            })
+        })
+    });
+    // Count first, then read the clock: every counted request happened before `elapsed`.
+    let requests = ctl.requests().len();
+    let elapsed = started.elapsed().as_secs_f64();
+    println!("{requests} API requests in {elapsed:.1}s at --kube-api-qps=8 --kube-api-burst=2");
+    // 12 nodes need at least one write each, plus the list/watch of the informer.
+    assert!(requests >= 14, "{requests} requests");
+    // The process cannot have made them faster than the limit allows: burst 2, then 8/s. Our
+    // clock started before the process did, so slowness can only make this looser.
+    let minimum = (requests - 2) as f64 / 8.0;
+    assert!(
+        elapsed >= minimum,
+        "{requests} requests in {elapsed:.2}s: faster than 8/s (needs >= {minimum:.2}s)"
+    );
+}

@@ -94,6 +94,14 @@ impl ControllerContext {
     pub fn recorder(&self, component: &str) -> EventRecorder {
         EventRecorder::new(self.client.clone(), component, &self.host_identity)
     }
+
+    /// The same context for the controller `name`: its provider calls are labelled with the
+    /// name in the call metrics and queued under it in the cloud-call budget.
+    pub fn for_controller(&self, name: &'static str) -> Self {
+        let mut ctx = self.clone();
+        ctx.provider = self.provider.for_caller(name);
+        ctx
+    }
 }
 
 /// Why a controller was not started (upstream logs these and skips the controller).

@@ -76,6 +76,13 @@ pub struct RunArgs {
     /// Deadline of every provider call.
     #[arg(long, default_value = "30s")]
     pub provider_call_timeout: String,
+    /// Host-wide budget of cloud provider calls per second, shared fairly between the
+    /// controllers (beyond upstream). 0 = unlimited.
+    #[arg(long, env = "CCM_CLOUD_API_QPS", default_value_t = 0.0)]
+    pub cloud_api_qps: f64,
+    /// Provider calls allowed at once above --cloud-api-qps.
+    #[arg(long, env = "CCM_CLOUD_API_BURST", default_value_t = 10)]
+    pub cloud_api_burst: i64,
 
     // ---- leader election ----
     /// Run leader election (only the lease holder runs controllers).
@@ -121,6 +128,12 @@ pub struct RunArgs {
     /// Address the endpoints listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
+    /// PEM certificate (chain) to serve the endpoints over HTTPS; plain HTTP without it.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long)]
+    pub tls_private_key_file: Option<PathBuf>,
 }
 
 /// Validated settings of a run.
@@ -132,6 +145,16 @@ pub struct RunSettings {
     pub selection: ControllerSelection,
     /// Provider call deadline.
     pub provider_call_timeout: Duration,
+    /// Cloud-call budget (0 = unlimited).
+    pub cloud_api_qps: f64,
+    /// Cloud-call burst.
+    pub cloud_api_burst: u32,
+    /// Client-side API request rate.
+    pub kube_api_qps: f64,
+    /// Client-side API burst.
+    pub kube_api_burst: u32,
+    /// Certificate and key files when serving HTTPS.
+    pub tls: Option<(PathBuf, PathBuf)>,
     /// Lease duration.
     pub lease_duration: Duration,
     /// Renew deadline.
@@ -224,13 +247,37 @@ impl RunArgs {
                 errors.push("--leader-elect-lease-duration must be at least 1s".into());
             }
         }
-        if self.kube_api_qps <= 0.0 {
+        if !self.cloud_api_qps.is_finite() || self.cloud_api_qps < 0.0 {
+            errors.push(format!(
+                "--cloud-api-qps must be 0 (unlimited) or a positive number, got {}",
+                self.cloud_api_qps
+            ));
+        }
+        if self.cloud_api_burst <= 0 || self.cloud_api_burst > i64::from(u32::MAX) {
+            errors.push(format!(
+                "--cloud-api-burst must be greater than 0, got {}",
+                self.cloud_api_burst
+            ));
+        }
+        let tls = match (&self.tls_cert_file, &self.tls_private_key_file) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            (Some(_), None) => {
+                errors.push("--tls-cert-file needs --tls-private-key-file".into());
+                None
+            }
+            (None, Some(_)) => {
+                errors.push("--tls-private-key-file needs --tls-cert-file".into());
+                None
+            }
+        };
+        if !self.kube_api_qps.is_finite() || self.kube_api_qps <= 0.0 {
             errors.push(format!(
                 "--kube-api-qps must be greater than 0, got {}",
                 self.kube_api_qps
             ));
         }
-        if self.kube_api_burst <= 0 {
+        if self.kube_api_burst <= 0 || self.kube_api_burst > i64::from(u32::MAX) {
             errors.push(format!(
                 "--kube-api-burst must be greater than 0, got {}",
                 self.kube_api_burst
@@ -266,6 +313,11 @@ impl RunArgs {
             },
             selection: selection.expect("no errors means the selection parsed"),
             provider_call_timeout: call_timeout,
+            cloud_api_qps: self.cloud_api_qps,
+            cloud_api_burst: u32::try_from(self.cloud_api_burst).unwrap_or(1),
+            kube_api_qps: self.kube_api_qps,
+            kube_api_burst: u32::try_from(self.kube_api_burst).unwrap_or(1),
+            tls,
             lease_duration: lease,
             renew_deadline: renew,
             retry_period: retry,
@@ -318,6 +370,13 @@ mod tests {
         assert!(a.leader_elect && a.configure_cloud_routes && !a.allocate_node_cidrs);
         assert_eq!(a.secure_port, 10258);
         assert_eq!((a.kube_api_qps, a.kube_api_burst), (20.0, 30));
+        assert_eq!((s.kube_api_qps, s.kube_api_burst), (20.0, 30));
+        assert_eq!(
+            (s.cloud_api_qps, s.cloud_api_burst),
+            (0.0, 10),
+            "no budget by default"
+        );
+        assert_eq!(s.tls, None);
         assert_eq!(a.leader_elect_resource_name, "cloud-controller-manager");
         assert_eq!(a.leader_elect_resource_namespace, "kube-system");
         assert_eq!(s.selection.enabled().len(), 4);
@@ -350,6 +409,40 @@ mod tests {
         assert!(errs
             .iter()
             .any(|e| e.contains("must be less than --leader-elect-lease-duration")));
+    }
+
+    #[test]
+    fn budget_client_limits_and_tls_flags_are_validated() {
+        let a = parse(&[
+            "--cloud-provider=fake",
+            "--cloud-api-qps=NaN",
+            "--cloud-api-burst=0",
+            "--kube-api-qps=0",
+            "--kube-api-burst=-3",
+            "--tls-private-key-file=/k.pem",
+        ]);
+        let errs = a.validate().unwrap_err();
+        assert_eq!(
+            errs,
+            [
+                "--cloud-api-qps must be 0 (unlimited) or a positive number, got NaN",
+                "--cloud-api-burst must be greater than 0, got 0",
+                "--tls-private-key-file needs --tls-cert-file",
+                "--kube-api-qps must be greater than 0, got 0",
+                "--kube-api-burst must be greater than 0, got -3",
+            ]
+        );
+        let s = parse(&[
+            "--cloud-provider=fake",
+            "--cloud-api-qps=12.5",
+            "--cloud-api-burst=3",
+            "--tls-cert-file=/c.pem",
+            "--tls-private-key-file=/k.pem",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!((s.cloud_api_qps, s.cloud_api_burst), (12.5, 3));
+        assert_eq!(s.tls, Some(("/c.pem".into(), "/k.pem".into())));
     }
 
     #[test]

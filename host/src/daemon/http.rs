@@ -4,10 +4,15 @@
 //! always-passing check per started controller (named with its canonical name), added once the
 //! controllers have started; with no checks, `ping`. Beyond upstream, `/readyz` answers `ok`
 //! once the provider is loaded and the API client is built (a standby replica is ready).
+//!
+//! With `--tls-cert-file`/`--tls-private-key-file` the endpoints are served over HTTPS (rustls),
+//! otherwise over plain HTTP.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::Path as FsPath;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -129,9 +134,45 @@ pub fn router(health: Health, registry: Arc<Registry>) -> Router {
         .with_state((health, registry))
 }
 
-/// Serve until `stop` is cancelled; returns the bound address.
+/// The server TLS configuration from PEM files: a certificate chain and its private key.
+pub fn tls_config(cert: &FsPath, key: &FsPath) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-cert-file {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "--tls-cert-file {}: no PEM certificate in the file",
+            cert.display()
+        ));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("--tls-private-key-file {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key_der))
+        .map(|mut config| {
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(config)
+        })
+        .map_err(|e| {
+            format!(
+                "--tls-cert-file {} / --tls-private-key-file {}: {e}",
+                cert.display(),
+                key.display()
+            )
+        })
+}
+
+/// How long a client may take to finish the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serve until `stop` is cancelled (HTTPS when `tls` is given); returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
     health: Health,
     registry: Arc<Registry>,
     stop: CancellationToken,
@@ -139,6 +180,15 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let app = router(health, registry);
+    if let Some(tls) = tls {
+        tokio::spawn(serve_tls(
+            listener,
+            tokio_rustls::TlsAcceptor::from(tls),
+            app,
+            stop,
+        ));
+        return Ok(local);
+    }
     tokio::spawn(async move {
         let result = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -148,4 +198,54 @@ pub async fn serve(
         }
     });
     Ok(local)
+}
+
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Router,
+    stop: CancellationToken,
+) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!("HTTPS endpoint: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, app, stop) = (acceptor.clone(), app.clone(), stop.clone());
+        tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, "HTTPS endpoint: TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "HTTPS endpoint: TLS handshake timed out");
+                        return;
+                    }
+                };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                result = conn.as_mut() => if let Err(e) = result {
+                    tracing::debug!(%peer, "HTTPS endpoint: connection error: {e}");
+                },
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), conn.as_mut()).await;
+                }
+            }
+        });
+    }
 }

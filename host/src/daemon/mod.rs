@@ -9,6 +9,7 @@
 
 pub mod flags;
 pub mod http;
+pub mod lease_health;
 pub mod selection;
 
 use std::net::SocketAddr;
@@ -88,7 +89,7 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
             return EXIT_USAGE;
         }
     }
-    let client = match build_client(&args).await {
+    let client = match build_client(&args, &settings).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -99,12 +100,26 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
     let stop = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
+    provider.metrics().register(&mut registry);
     let registry = Arc::new(registry);
     let health = http::Health::default();
     if args.secure_port != 0 {
         let addr = SocketAddr::new(args.bind_address, args.secure_port);
-        match http::serve(addr, health.clone(), registry.clone(), stop.clone()).await {
-            Ok(bound) => tracing::info!("serving /healthz, /readyz and /metrics on http://{bound}"),
+        let tls = match &settings.tls {
+            Some((cert, key)) => match http::tls_config(cert, key) {
+                Ok(config) => Some(config),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_USAGE;
+                }
+            },
+            None => None,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        match http::serve(addr, tls, health.clone(), registry.clone(), stop.clone()).await {
+            Ok(bound) => {
+                tracing::info!("serving /healthz, /readyz and /metrics on {scheme}://{bound}")
+            }
             Err(e) => {
                 eprintln!("error: cannot listen on {addr} (--bind-address/--secure-port): {e}");
                 return EXIT_USAGE;
@@ -175,19 +190,15 @@ impl Daemon {
             }
         };
         let (mut leader, lease_task) = manager.watch().await;
-        let alive = Arc::new(AtomicBool::new(true));
+        let lease_health = lease_health::LeaseHealth::new(
+            &self.args.leader_elect_resource_namespace,
+            &self.args.leader_elect_resource_name,
+            self.settings.lease_duration,
+        );
         {
-            let alive = alive.clone();
-            self.health.add_check(
-                "leaderElection",
-                Arc::new(move || {
-                    if alive.load(std::sync::atomic::Ordering::Acquire) {
-                        Ok(())
-                    } else {
-                        Err("the lease manager stopped".into())
-                    }
-                }),
-            );
+            let lease_health = lease_health.clone();
+            self.health
+                .add_check("leaderElection", Arc::new(move || lease_health.check()));
         }
         tracing::info!(identity = %self.identity, "waiting for the lease {}/{}", self.args.leader_elect_resource_namespace, self.args.leader_elect_resource_name);
 
@@ -211,6 +222,17 @@ impl Daemon {
             }
         }
         tracing::info!(identity = %self.identity, "became leader; starting controllers");
+        lease_health.became_leader();
+        tokio::spawn(lease_health.clone().track(
+            kube::Api::namespaced(
+                self.client.clone(),
+                &self.args.leader_elect_resource_namespace,
+            ),
+            self.args.leader_elect_resource_name.clone(),
+            self.identity.clone(),
+            self.settings.retry_period,
+            self.stop.clone(),
+        ));
         let handles = match self.start_controllers().await {
             Ok(h) => h,
             Err(code) => {
@@ -230,7 +252,7 @@ impl Daemon {
                 }
                 changed = leader.changed() => {
                     if changed.is_err() || !*leader.borrow_and_update() {
-                        alive.store(false, std::sync::atomic::Ordering::Release);
+                        lease_health.stopped_leading();
                         tracing::error!("leaderelection lost");
                         self.stop.cancel();
                         return EXIT_FATAL;
@@ -273,7 +295,7 @@ impl Daemon {
         };
         let mut handles = Vec::new();
         for name in self.settings.selection.enabled() {
-            match start_controller(name, &ctx, &self.args) {
+            match start_controller(name, &ctx.for_controller(name.canonical), &self.args) {
                 Ok(Some(handle)) => {
                     tracing::info!(controller = name.canonical, "started");
                     handles.push((name, handle));
@@ -377,6 +399,8 @@ fn build_provider(
     };
     let options = ProviderOptions {
         call_timeout: settings.provider_call_timeout,
+        cloud_api_qps: settings.cloud_api_qps,
+        cloud_api_burst: settings.cloud_api_burst,
     };
     let provider = registry
         .create(&args.cloud_provider, config.as_deref(), &options)
@@ -390,7 +414,7 @@ fn build_provider(
     Ok(provider)
 }
 
-async fn build_client(args: &RunArgs) -> Result<Client, String> {
+async fn build_client(args: &RunArgs, settings: &RunSettings) -> Result<Client, String> {
     let mut config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -408,7 +432,14 @@ async fn build_client(args: &RunArgs) -> Result<Client, String> {
             .parse()
             .map_err(|e| format!("invalid --master {master:?}: {e}"))?;
     }
-    Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+    // client-go's client-side limit (--kube-api-qps/--kube-api-burst) as a layer of the stack.
+    let limiter =
+        crate::rate_limit::FairLimiter::new(settings.kube_api_qps, settings.kube_api_burst);
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+    Ok(builder
+        .with_layer(&crate::rate_limit::RateLimitLayer::new(limiter, "kube-api"))
+        .build())
 }
 
 /// `<hostname>_<random>` like upstream's leader-election identity.
