@@ -112,6 +112,26 @@ pub(crate) struct CloudState {
 }
 
 impl CloudState {
+    /// The state of a `cloud.json` written by another process sharing the cloud.
+    fn from_snapshot(snapshot: FakeState, pool: crate::config::IpPool) -> Self {
+        let mut state = Self::default();
+        for lb in snapshot.load_balancers {
+            let key = lb.service_key();
+            if let Ok(ip) = lb.load_balancer_ip.parse::<Ipv4Addr>() {
+                state.pool.restore(&key, ip, pool);
+            }
+            state.lbs.insert(key, lb);
+        }
+        for route in snapshot.routes {
+            state
+                .routes
+                .entry(route.cluster.clone())
+                .or_default()
+                .insert(route.key(), route);
+        }
+        state
+    }
+
     pub(crate) fn snapshot(&self) -> FakeState {
         let mut load_balancers: Vec<_> = self.lbs.values().cloned().collect();
         load_balancers.sort_by_key(|lb| lb.service_key());
@@ -188,6 +208,8 @@ pub(crate) struct Inner {
     pub(crate) log: CallLog,
     pub(crate) state: Mutex<CloudState>,
     state_file: Option<StateFile>,
+    /// `sharedState`: `cloud.json` is loaded at creation and on `Initialize`.
+    shared: bool,
     pub(crate) auto_ips: Mutex<AutoIps>,
     host: Mutex<Option<Host>>,
 }
@@ -253,16 +275,33 @@ impl FakeCloud {
                     .as_deref()
                     .filter(|_| config.cloud_state_file)
                     .map(StateFile::new),
+                shared: config.shared_state,
                 auto_ips: Mutex::new(AutoIps::default()),
                 host: Mutex::new(None),
             }),
         };
-        // Apply a control file that is already there, and publish the initial state.
+        // Apply a control file that is already there, and publish the initial state (or, when
+        // shared, take over the state another process published).
         let _ = cloud.settings();
         if let Some(f) = &cloud.inner.state_file {
-            f.write(&lock(&cloud.inner.state).snapshot());
+            if cloud.inner.shared && f.exists() {
+                cloud.load_shared_state();
+            } else {
+                f.write(&lock(&cloud.inner.state).snapshot());
+            }
         }
         Ok(cloud)
+    }
+
+    /// `sharedState`: replace the in-memory state with the one in `cloud.json`.
+    fn load_shared_state(&self) {
+        let Some(file) = self.inner.state_file.as_ref().filter(|_| self.inner.shared) else {
+            return;
+        };
+        if let Some(snapshot) = file.read() {
+            let pool = self.settings().config.ip_pool;
+            *lock(&self.inner.state) = CloudState::from_snapshot(snapshot, pool);
+        }
     }
 
     /// The capabilities this cloud offers.
@@ -395,6 +434,8 @@ impl CloudProvider for FakeCloud {
             json!({ "cluster": cluster }),
             ctx,
         )?;
+        // A new leader takes over the cloud as the previous one left it.
+        self.load_shared_state();
         *lock(&self.inner.host) = Some(host);
         Ok(())
     }

@@ -95,6 +95,11 @@ pub struct FakeConfig {
     /// Write `stateDir/cloud.json` after every change of the cloud (turn off for big benchmarks).
     #[serde(skip_serializing_if = "is_true")]
     pub cloud_state_file: bool,
+    /// Several processes (host replicas) share one cloud through `stateDir/cloud.json`: the
+    /// state is loaded from it when the cloud is created and on every `Initialize` (once per
+    /// leadership), and written after every change (config file only).
+    #[serde(skip_serializing_if = "is_false")]
+    pub shared_state: bool,
 
     /// Instances known to the cloud.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -164,6 +169,7 @@ impl Default for FakeConfig {
             disable_clusters: None,
             state_dir: None,
             cloud_state_file: true,
+            shared_state: false,
             instances: Vec::new(),
             auto_instances: true,
             defaults: Defaults::default(),
@@ -678,6 +684,11 @@ impl FakeConfig {
                     ));
                 }
             }
+        }
+        if self.shared_state && (self.state_dir.is_none() || !self.cloud_state_file) {
+            return bad(
+                "sharedState needs stateDir and cloudStateFile (the cloud is shared through stateDir/cloud.json)".into(),
+            );
         }
         if let Some(ip) = &self.external_ip {
             if ip.parse::<std::net::IpAddr>().is_err() {

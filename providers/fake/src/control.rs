@@ -47,6 +47,9 @@ pub struct CallRecord {
     /// When the call arrived, in milliseconds since the Unix epoch (to count calls per second).
     #[serde(default)]
     pub at_ms: u64,
+    /// The process that made the call (tells host replicas sharing a `stateDir` apart).
+    #[serde(default)]
+    pub pid: u32,
 }
 
 impl CallRecord {
@@ -234,6 +237,7 @@ impl CallLog {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
                 .unwrap_or(0),
+            pid: std::process::id(),
         };
         if let Some(file) = &mut inner.file {
             inner.line.clear();
@@ -340,6 +344,26 @@ impl StateFile {
     pub(crate) fn new(dir: &Path) -> Self {
         Self {
             path: dir.join(STATE_FILE),
+        }
+    }
+
+    /// Whether a state was written already (by this or another process).
+    pub(crate) fn exists(&self) -> bool {
+        self.path.exists()
+    }
+
+    /// The state last written (by this or another process sharing the `stateDir`), if any.
+    pub(crate) fn read(&self) -> Option<FakeState> {
+        let dir = self.path.parent()?;
+        match FakeState::read(dir) {
+            Ok(state) => Some(state),
+            Err(e) => {
+                ccm_provider_abi::log::error!(
+                    "fake cloud: cannot read the shared state {}: {e}",
+                    self.path.display()
+                );
+                None
+            }
         }
     }
 

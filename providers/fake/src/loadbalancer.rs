@@ -139,6 +139,18 @@ impl PoolAlloc {
         )))
     }
 
+    /// Record the address of a load balancer loaded from a shared `cloud.json` (only addresses
+    /// of `pool` are the pool's to hand out and release).
+    pub(crate) fn restore(&mut self, key: &str, ip: Ipv4Addr, pool: IpPool) {
+        let offset = u64::from(u32::from(ip)).wrapping_sub(u64::from(u32::from(pool.network)));
+        if u32::from(ip) >= u32::from(pool.network)
+            && offset < 1u64 << (32 - u32::from(pool.prefix))
+        {
+            self.by_key.insert(key.to_string(), ip);
+            self.used.insert(ip);
+        }
+    }
+
     fn release(&mut self, key: &str) {
         if let Some(ip) = self.by_key.remove(key) {
             self.used.remove(&ip);

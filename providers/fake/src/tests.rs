@@ -798,11 +798,15 @@ fn call_log_and_cloud_state_files() {
     .unwrap();
 
     let text = std::fs::read_to_string(dir.path().join(CALLS_FILE)).unwrap();
-    let lines: Vec<serde_json::Value> = text
+    let mut lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 3);
+    // When and by which process: checked, then left out of the exact comparison.
+    let first = lines[0].as_object_mut().unwrap();
+    assert!(first.remove("at_ms").unwrap().as_u64().unwrap() > 0);
+    assert_eq!(first.remove("pid").unwrap(), std::process::id());
     assert_eq!(
         lines[0],
         json!({"seq": 1, "call": "create", "provider": "aws",
@@ -822,6 +826,64 @@ fn call_log_and_cloud_state_files() {
     let calls = control::calls_named(dir.path(), "list-routes").unwrap();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].seq, 4);
+}
+
+#[test]
+fn shared_state_is_taken_over_from_cloud_json() {
+    // Initialize (once per leadership) reloads the same way; the host's soak test covers that
+    // through the real binary.
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "sharedState: true\nipPool: 10.9.0.0/30\n";
+    let a = state_dir_cloud(dir.path(), extra);
+    let x = ctx();
+    let web = service("default", "web");
+    let ip = ip_of(
+        &a.ensure_load_balancer(&x, "k", &web, &nodes(&["n1"]))
+            .unwrap()
+            .unwrap(),
+    );
+    a.create_route(
+        &x,
+        "k",
+        "uid",
+        &Route {
+            target_node: "n1".into(),
+            destination_cidr: "10.244.1.0/24".into(),
+            ..Route::default()
+        },
+    )
+    .unwrap();
+    // A process created now starts from the shared state, not from an empty cloud.
+    let b = state_dir_cloud(dir.path(), extra);
+    assert_eq!(b.state(), a.state());
+    assert!(b.get_load_balancer(&x, "k", &web).unwrap().is_some());
+    // The restored address is taken: another service gets the pool's other address.
+    let other = ip_of(
+        &b.ensure_load_balancer(&x, "k", &service("default", "other"), &[])
+            .unwrap()
+            .unwrap(),
+    );
+    assert_ne!(other, ip);
+    b.ensure_load_balancer_deleted(&x, "k", &web).unwrap();
+    let c = state_dir_cloud(dir.path(), extra);
+    assert_eq!(c.state(), b.state());
+    assert_eq!(c.state().load_balancers[0].service, "other");
+    assert_eq!(c.state().routes.len(), 1);
+    // Without sharedState a new cloud starts empty (and publishes that).
+    let d = state_dir_cloud(dir.path(), "");
+    assert_eq!(d.state(), FakeState::default());
+    // Calls carry the process id.
+    let calls = read_calls(dir.path()).unwrap();
+    assert!(!calls.is_empty());
+    assert!(calls.iter().all(|r| r.pid == std::process::id()));
+
+    let Err(err) = FakeCloud::new(FAKE, Flavour::Fake, Some(b"sharedState: true")) else {
+        panic!("sharedState without stateDir is refused");
+    };
+    assert!(
+        err.message().contains("sharedState needs stateDir"),
+        "{err}"
+    );
 }
 
 #[test]
