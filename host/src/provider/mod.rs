@@ -102,6 +102,8 @@ impl Capabilities {
 pub struct Provider {
     inner: Arc<Inner>,
     caller: &'static str,
+    /// Overrides `options.call_timeout` for this handle ([`Provider::with_call_timeout`]).
+    call_timeout: Option<Duration>,
 }
 
 type SharedCall<T> = Shared<BoxFuture<'static, Result<T, ProviderError>>>;
@@ -204,6 +206,7 @@ impl Provider {
         Ok(Self {
             inner: Arc::new(inner),
             caller: HOST_CALLER,
+            call_timeout: None,
         })
     }
 
@@ -212,6 +215,16 @@ impl Provider {
         Provider {
             inner: self.inner.clone(),
             caller,
+            call_timeout: self.call_timeout,
+        }
+    }
+
+    /// The same provider (same plugin object, same metrics) with another call deadline for the
+    /// calls made through this handle (`ccm-host check` probes the provider with expired ones).
+    pub fn with_call_timeout(&self, timeout: Duration) -> Provider {
+        Provider {
+            call_timeout: Some(timeout),
+            ..self.clone()
         }
     }
 
@@ -286,7 +299,7 @@ impl Provider {
         let _in_flight = InFlight::start(metrics.in_flight.get_or_create(&method).clone());
         let started = std::time::Instant::now();
 
-        let timeout = self.inner.options.call_timeout;
+        let timeout = self.call_timeout.unwrap_or(self.inner.options.call_timeout);
         let ctx = CallContext::new(Some(timeout));
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
