@@ -1,0 +1,261 @@
+//! Helpers for tests that run `ccm-host` as real processes: the fake plugin built by cargo, free
+//! ports, a seeded random generator, and host replicas whose log goes to a file and is parsed
+//! as it grows.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Instant;
+
+/// The `ccm-host` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
+
+/// The fake plugin cargo built for this test run (a dev-dependency), copied into `dir/plugins`.
+pub fn plugin_dir(dir: &Path) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libccm_provider_fake.so"))
+        .find(|p| p.is_file())
+        .expect("libccm_provider_fake.so built by cargo");
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(so, plugins.join("libccm_provider_fake.so")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+    plugins
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// SplitMix64: a small, seedable generator whose sequence never changes between versions, so a
+/// printed seed replays the same scenario.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "Rng::below(0)");
+        self.next_u64() % n
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    /// One element of a non-empty slice.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+
+    /// An index chosen with the given weights (not all zero).
+    pub fn weighted(&mut self, weights: &[u64]) -> usize {
+        let total: u64 = weights.iter().sum();
+        let mut x = self.below(total);
+        for (i, w) in weights.iter().enumerate() {
+            if x < *w {
+                return i;
+            }
+            x -= w;
+        }
+        unreachable!("weights sum to {total}")
+    }
+}
+
+/// A seed from the clock, for runs that do not ask for one.
+pub fn clock_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    Rng::new(nanos ^ u64::from(std::process::id())).next_u64()
+}
+
+/// What a replica's JSON log said so far.
+#[derive(Debug, Default, Clone)]
+pub struct LogFacts {
+    /// The leader-election identity (from "waiting for the lease").
+    pub identity: Option<String>,
+    /// It logged "became leader".
+    pub became_leader: bool,
+    /// It logged "leaderelection lost".
+    pub lost_lease: bool,
+    /// Lines that report a panic of the host itself (not a provider panic caught at the ABI).
+    pub host_panics: Vec<String>,
+    /// ERROR-level lines.
+    pub errors: u64,
+    /// The last lines, for reports.
+    pub tail: Vec<String>,
+}
+
+/// One `ccm-host run` process with its stderr in a file.
+pub struct Replica {
+    /// Name used in reports (`a1`, `b3`, ...).
+    pub name: String,
+    /// The process.
+    pub child: Child,
+    /// Its stderr.
+    pub log: PathBuf,
+    /// When it was started.
+    pub started: Instant,
+    /// How it ended, once it has.
+    pub exit: Option<ExitStatus>,
+    /// The test killed it.
+    pub killed: bool,
+    /// What its log said.
+    pub facts: LogFacts,
+    offset: u64,
+    partial: String,
+    panic_pending: bool,
+}
+
+impl Replica {
+    /// Start `ccm-host run` with `args`; stderr goes to `log`, logs are JSON.
+    pub fn start(name: &str, args: &[String], log: PathBuf, rust_log: &str) -> Replica {
+        let stderr = File::create(&log).expect("create replica log");
+        let child = Command::new(BIN)
+            .arg("run")
+            .args(args)
+            .env("RUST_LOG", rust_log)
+            .env("CCM_LOG_FORMAT", "json")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("ccm-host starts");
+        Replica {
+            name: name.to_string(),
+            child,
+            log,
+            started: Instant::now(),
+            exit: None,
+            killed: false,
+            facts: LogFacts::default(),
+            offset: 0,
+            partial: String::new(),
+            panic_pending: false,
+        }
+    }
+
+    /// Still running (as far as the last [`Replica::poll`] knows).
+    pub fn alive(&self) -> bool {
+        self.exit.is_none()
+    }
+
+    /// Read new log lines and notice an exit.
+    pub fn poll(&mut self) {
+        self.read_log();
+        if self.exit.is_none() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.exit = Some(status);
+                self.read_log();
+            }
+        }
+    }
+
+    /// SIGKILL (no chance to release the lease) and wait for the process to end.
+    pub fn kill(&mut self) {
+        if self.exit.is_none() {
+            self.killed = true;
+            let _ = self.child.kill();
+            self.exit = self.child.wait().ok();
+        }
+        self.read_log();
+    }
+
+    fn read_log(&mut self) {
+        let Ok(mut f) = File::open(&self.log) else {
+            return;
+        };
+        if f.seek(SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut buf = Vec::new();
+        if f.read_to_end(&mut buf).is_err() {
+            return;
+        }
+        self.offset += buf.len() as u64;
+        self.partial.push_str(&String::from_utf8_lossy(&buf));
+        let Some(end) = self.partial.rfind('\n') else {
+            return;
+        };
+        let complete: String = self.partial.drain(..=end).collect();
+        for line in complete.lines() {
+            self.line(line);
+        }
+    }
+
+    fn line(&mut self, line: &str) {
+        if self.facts.tail.len() == 40 {
+            self.facts.tail.remove(0);
+        }
+        self.facts.tail.push(line.chars().take(400).collect());
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            // Not a log record: the default panic hook of the host (a task or thread panic) prints
+            // "thread '...' panicked at file:line:" and the message on the next line.
+            if self.panic_pending {
+                self.panic_pending = false;
+                if let Some(last) = self.facts.host_panics.last_mut() {
+                    last.push_str(" | ");
+                    last.push_str(line);
+                }
+            } else if line.contains("panicked at") {
+                self.facts.host_panics.push(line.to_string());
+                self.panic_pending = true;
+            }
+            return;
+        };
+        let message = v["fields"]["message"].as_str().unwrap_or_default();
+        if v["level"] == "ERROR" {
+            self.facts.errors += 1;
+        }
+        if message.starts_with("waiting for the lease") {
+            self.facts.identity = v["fields"]["identity"].as_str().map(str::to_string);
+        } else if message.starts_with("became leader") {
+            self.facts.became_leader = true;
+        } else if message.starts_with("leaderelection lost") {
+            self.facts.lost_lease = true;
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
