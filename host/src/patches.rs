@@ -171,9 +171,11 @@ pub async fn remove_node_taint(
     .await
 }
 
-/// Write `status.addresses` through the status subresource. When the old list is non-empty
-/// and differs, the list is replaced wholesale (a trailing `{"$patch":"replace"}` element),
-/// because the default merge-by-type of addresses would mangle it.
+/// Write `status.addresses` through the status subresource. When the list differs from the old
+/// one (even an empty one), it is replaced wholesale (a trailing `{"$patch":"replace"}`
+/// element), because the default merge-by-type of addresses would mangle it: two addresses of
+/// one type (dual-stack InternalIPs) would collapse into one (k8s.io/api: "use a
+/// full-replacement patch", kubernetes PR 79391).
 pub async fn patch_node_addresses(
     client: &Client,
     node_name: &str,
@@ -184,7 +186,7 @@ pub async fn patch_node_addresses(
         .iter()
         .map(|a| json!({"type": a.type_, "address": a.address}))
         .collect();
-    if !old.is_empty() && old != new {
+    if old != new {
         list.push(json!({"$patch": "replace"}));
     }
     let body = json!({"status": {"addresses": list}});
