@@ -3,6 +3,7 @@
 
 pub mod apiserver_support;
 pub mod harness;
+pub mod metal;
 
 use std::path::{Path, PathBuf};
 
