@@ -362,6 +362,34 @@ loadBalancer:
         assert!(inner.contains("overlap"), "{inner}");
     }
 
+    /// The yaml block following `<!-- marker -->` in docs/metal-provider.md.
+    fn doc_example(marker: &str) -> String {
+        let doc = include_str!("../../../docs/metal-provider.md");
+        let start = doc
+            .find(&format!("<!-- {marker} -->"))
+            .unwrap_or_else(|| panic!("marker {marker} in the doc"));
+        let rest = &doc[start..];
+        let body = &rest[rest.find("```yaml\n").unwrap() + 8..];
+        body[..body.find("```").unwrap()].to_string()
+    }
+
+    #[test]
+    fn the_documented_examples_are_valid() {
+        let c = parse(&doc_example("cloud-config")).unwrap();
+        let lb = c.load_balancer.unwrap();
+        assert_eq!(lb.pools.len(), 3);
+        // The sizes the doc states.
+        assert_eq!(lb.pools[0].size(crate::pool::Family::V4), 83);
+        assert_eq!(lb.pools[0].size(crate::pool::Family::V6), 255);
+        assert!(!lb.pools[2].auto_assign);
+        let inv = crate::inventory::Inventory::parse(&doc_example("inventory")).unwrap();
+        assert_eq!(inv.machines().len(), 3);
+        assert_eq!(
+            inv.by_name("node-a").unwrap().provider_id,
+            "metal://rack1-07"
+        );
+    }
+
     #[test]
     fn disjoint_pools_of_both_families_are_accepted() {
         let pools = parse_pools(&[
