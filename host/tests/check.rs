@@ -1,0 +1,415 @@
+//! `ccm-host check` as a real process: it passes on the fake provider (V2 and legacy) and on
+//! the example provider, fails with the right reasons on each broken fixture provider, and
+//! exits 2 on usage errors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
+
+/// The plugins cargo built for this test run (dev-dependencies of ccm-host), copied into a
+/// fresh directory the loader accepts (owned by us, not group/other writable).
+fn plugin_dir(dir: &Path) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    for lib in [
+        "libccm_provider_fake.so",
+        "libccm_provider_example.so",
+        "libccm_fixture_broken.so",
+    ] {
+        let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+            .into_iter()
+            .map(|d| d.join(lib))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{lib} built by cargo next to {}", deps.display()));
+        std::fs::copy(so, plugins.join(lib)).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+    plugins
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not the JSON report ({e}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// Check id -> (status, detail).
+    fn checks(&self) -> BTreeMap<String, (String, String)> {
+        self.json()["checks"]
+            .as_array()
+            .expect("checks array")
+            .iter()
+            .map(|c| {
+                (
+                    c["id"].as_str().unwrap().to_string(),
+                    (
+                        c["status"].as_str().unwrap().to_string(),
+                        c["detail"].as_str().unwrap().to_string(),
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    /// Ids of the checks with `status`, in report order.
+    fn with_status(&self, status: &str) -> Vec<String> {
+        self.json()["checks"]
+            .as_array()
+            .expect("checks array")
+            .iter()
+            .filter(|c| c["status"] == status)
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+fn check(dir: &Path, args: &[&str]) -> Run {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(BIN)
+        .arg("check")
+        .arg("--plugin-dir")
+        .arg(plugin_dir(dir))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("ccm-host runs");
+    Run {
+        code: status.code().expect("exited normally"),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// The fake cloud with exactly the check nodes and a stopped instance (no synthesised ones).
+const FAKE_CONFIG: &str = "\
+autoInstances: false
+defaults: {instanceType: fake.small, zone: zone-a, region: region-1}
+instances:
+  - {name: ccm-check-1}
+  - {name: ccm-check-2}
+  - {name: ccm-check-3}
+  - {name: stopped-1, shutdown: true}
+";
+
+/// The example provider's table for the default check nodes.
+const EXAMPLE_CONFIG: &str = "\
+# node        instance-id  internal-ip  zone    region
+ccm-check-1   i-001        10.0.0.1     zone-a  region-1
+ccm-check-2   i-002        10.0.0.2     zone-a  region-1
+ccm-check-3   i-003        10.0.0.3     zone-b  region-1
+";
+
+#[test]
+fn fake_provider_passes_every_check_v2_and_legacy() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "fake.yaml", FAKE_CONFIG);
+    for provider in ["fake", "fake-v1"] {
+        let run = check(
+            dir.path(),
+            &[
+                "--cloud-provider",
+                provider,
+                "--cloud-config",
+                &config,
+                "--shutdown-node",
+                "stopped-1",
+                "-o",
+                "json",
+            ],
+        );
+        assert_eq!(run.code, 0, "{provider}: {}\n{}", run.stdout, run.stderr);
+        let checks = run.checks();
+        assert_eq!(checks.len(), 20, "{provider}: every check reported");
+        assert_eq!(run.with_status("pass").len(), 20, "{provider}: {checks:#?}");
+        let report = run.json();
+        assert_eq!(report["subject"]["providerName"], provider);
+        assert_eq!(report["failed"], 0);
+        // The details say what was verified, with the real values.
+        assert!(checks["provider-id"]
+            .1
+            .contains(&format!("{provider}://ccm-check-1")));
+        assert!(checks["instance-shutdown"]
+            .1
+            .contains("true for stopped node stopped-1"));
+        assert!(checks["zone-region"].1.contains("zone-a/region-1"));
+        assert!(checks["node-lifecycle"]
+            .1
+            .contains("stopped node stopped-1 tainted"));
+        let method = if provider == "fake" {
+            "InstanceExists"
+        } else {
+            "InstanceExistsByProviderID"
+        };
+        assert!(
+            checks["instance-absent"].1.starts_with(method),
+            "{provider}: {}",
+            checks["instance-absent"].1
+        );
+    }
+}
+
+#[test]
+fn example_provider_passes_with_lb_and_route_checks_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "example.conf", EXAMPLE_CONFIG);
+    let run = check(
+        dir.path(),
+        &["--cloud-provider", "example", "--cloud-config", &config],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    // The text table: header, one row per check, summary.
+    assert!(
+        run.stdout.contains("capabilities: InstancesV2\n"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("CHECK               RESULT  DETAIL\n"));
+    assert!(run
+        .stdout
+        .contains("provider-id         pass    3 nodes, e.g. example://i-001\n"));
+    assert!(run
+        .stdout
+        .contains("lb-idempotent       skip    skipped (no LoadBalancer)\n"));
+    assert!(run
+        .stdout
+        .contains("route-controller    skip    skipped (no Routes)\n"));
+    assert!(
+        run.stdout
+            .ends_with("20 checks: 13 passed, 0 failed, 7 skipped\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn broken_providers_fail_exactly_the_checks_they_break() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "broken.conf",
+        "ccm-check-1\nccm-check-2\nccm-check-3\n",
+    );
+    let cases: [(&str, &[(&str, &str)]); 3] = [
+        (
+            "broken-lb",
+            &[(
+                "lb-idempotent",
+                "the second EnsureLoadBalancer with the same Service and nodes returned [192.0.2.2] after [192.0.2.1]: not idempotent",
+            )],
+        ),
+        (
+            "broken-panic",
+            &[
+                (
+                    "instance-shutdown",
+                    "nodes ccm-check-1, ccm-check-2, ccm-check-3: InstanceShutdown: panicked error: provider panicked in InstanceShutdown: broken-panic: InstanceShutdown is not written yet",
+                ),
+                (
+                    "no-panics",
+                    "InstanceShutdown×",
+                ),
+            ],
+        ),
+        (
+            "broken-providerid",
+            &[(
+                "provider-id",
+                "node ccm-check-1: providerID \"i-ccm-check-1\" does not have the form broken-providerid://<id>",
+            )],
+        ),
+    ];
+    for (provider, expected) in cases {
+        let run = check(
+            dir.path(),
+            &[
+                "--cloud-provider",
+                provider,
+                "--cloud-config",
+                &config,
+                "-o",
+                "json",
+            ],
+        );
+        assert_eq!(run.code, 1, "{provider}: {}\n{}", run.stdout, run.stderr);
+        let checks = run.checks();
+        let want: Vec<String> = expected.iter().map(|(id, _)| id.to_string()).collect();
+        assert_eq!(
+            run.with_status("fail"),
+            want,
+            "{provider}: only the broken checks fail: {checks:#?}"
+        );
+        for (id, reason) in expected {
+            let detail = &checks[*id].1;
+            assert!(
+                detail.contains(reason),
+                "{provider}/{id}: reason {detail:?} should contain {reason:?}"
+            );
+        }
+        assert!(
+            run.with_status("skip").is_empty(),
+            "{provider}: {checks:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_cloud_that_synthesises_every_instance_fails_the_absent_instance_checks() {
+    // The fake's default config (autoInstances) claims that any provider ID exists: the
+    // lifecycle controller could never delete the Node of a deleted instance.
+    let dir = tempfile::tempdir().unwrap();
+    let run = check(dir.path(), &["--cloud-provider", "fake", "-o", "json"]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(
+        run.with_status("fail"),
+        ["instance-absent", "node-lifecycle"]
+    );
+    let checks = run.checks();
+    assert!(checks["instance-absent"]
+        .1
+        .contains("exists, but no instance has that ID"));
+    assert!(checks["instance-absent"].1.contains("autoInstances"));
+    assert!(checks["node-lifecycle"].1.contains(
+        "was not deleted although its instance does not exist: InstanceExists says it exists"
+    ));
+    // --skip turns them into skips, and the run passes.
+    let run = check(
+        dir.path(),
+        &[
+            "--cloud-provider",
+            "fake",
+            "--skip",
+            "instance-absent",
+            "--skip",
+            "node-lifecycle",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(
+        run.with_status("skip"),
+        ["instance-absent", "node-lifecycle"]
+    );
+    assert_eq!(run.checks()["node-lifecycle"].1, "skipped (--skip)");
+}
+
+#[test]
+fn usage_errors_exit_2_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--cloud-provider".into(), "nope".into()],
+            "error: unknown cloud provider \"nope\". Available: broken-lb (from ",
+        ),
+        (
+            vec![
+                "--cloud-provider".into(),
+                "example".into(),
+                "--cloud-config".into(),
+                write(
+                    dir.path(),
+                    "bad.conf",
+                    "ccm-check-1 i-1 not-an-ip zone region\n",
+                ),
+            ],
+            "error: could not init cloud provider \"example\" (from ",
+        ),
+        (
+            vec![
+                "--cloud-provider".into(),
+                "fake".into(),
+                "--cloud-config".into(),
+                dir.path().join("missing.yaml").display().to_string(),
+            ],
+            "error: --cloud-config ",
+        ),
+        (
+            vec![
+                "--cloud-provider".into(),
+                "fake".into(),
+                "--skip".into(),
+                "everything".into(),
+            ],
+            "error: --skip \"everything\": no such check; the checks are: provider-name, ",
+        ),
+        (
+            vec![
+                "--cloud-provider".into(),
+                "fake".into(),
+                "--node".into(),
+                "Not_A_Node".into(),
+            ],
+            "error: --node \"Not_A_Node\": \"Not_A_Node\" is not a valid node name",
+        ),
+    ];
+    for (args, message) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = check(dir.path(), &args);
+        assert_eq!(run.code, 2, "{args:?}: {}\n{}", run.stdout, run.stderr);
+        assert!(run.stdout.is_empty(), "{args:?}: no report: {}", run.stdout);
+        let errors: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("error: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "{args:?}: {}", run.stderr);
+        assert!(
+            errors[0].starts_with(message),
+            "{args:?}: {:?} should start with {message:?}",
+            errors[0]
+        );
+    }
+    // The factory error names the bad line.
+    let run = check(
+        dir.path(),
+        &[
+            "--cloud-provider",
+            "example",
+            "--cloud-config",
+            &write(dir.path(), "bad2.conf", "just-a-name\n"),
+        ],
+    );
+    assert!(run
+        .stderr
+        .contains("line 1: want <node-name> <instance-id> <internal-ip> <zone> <region>"));
+    // An unreadable plugin directory.
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            "--plugin-dir",
+            "/nonexistent/plugins",
+            "--cloud-provider",
+            "fake",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("error: plugin directory /nonexistent/plugins"));
+}
