@@ -14,6 +14,7 @@ use super::error::ApiError;
 use super::resources::{self, ResourceInfo, RESOURCES};
 use super::select::{FieldSelector, LabelSelector};
 use super::store::{DeleteOpts, Event, EventType, ListQuery, PatchType, WatchStart, WriteOpts};
+use super::table;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024 * 1024;
@@ -267,6 +268,11 @@ async fn route(
             target.name.as_deref().unwrap_or_default(),
         );
         return (error_response(&e), 409);
+    }
+    if matches!(verb, "get" | "list") && !target.status {
+        if let Some(version) = table::wanted_version(headers) {
+            return finish(table_response(shared, &target, query, version));
+        }
     }
     if verb == "watch" {
         return match start_watch(shared, &target, query) {
@@ -524,6 +530,48 @@ fn dispatch(
         }
         _ => Err(ApiError::new(405, "MethodNotAllowed", "unsupported verb")),
     }
+}
+
+/// `kubectl get`: the object or list as a `meta.k8s.io` Table.
+fn table_response(
+    shared: &Arc<Shared>,
+    t: &Target,
+    q: &Query,
+    version: &str,
+) -> Result<Response, ApiError> {
+    let r = &RESOURCES[t.rid];
+    let (objects, metadata) = match &t.name {
+        Some(name) => {
+            let ns = t.namespace.clone().unwrap_or_default();
+            let obj = shared.store.get(t.rid, &ns, name)?;
+            let rv = obj.pointer("/metadata/resourceVersion").cloned();
+            (vec![(*obj).clone()], json!({"resourceVersion": rv}))
+        }
+        None => {
+            let lq = list_query(r, t, q)?;
+            let bytes = shared.store.list_json(t.rid, &lq)?;
+            let mut list: Value =
+                serde_json::from_slice(&bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+            let items = match list.get_mut("items").map(Value::take) {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            };
+            (items, list.get("metadata").cloned().unwrap_or(json!({})))
+        }
+    };
+    let body = table::table(
+        r,
+        &objects,
+        metadata,
+        version,
+        q.get("includeObject"),
+        k8s_openapi::jiff::Timestamp::now(),
+    )?;
+    let mut resp = json_response(200, &body);
+    if let Ok(v) = header::HeaderValue::from_str(&table::content_type(version)) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    Ok(resp)
 }
 
 fn event_line(etype: &str, obj: &Value) -> Bytes {

@@ -15,7 +15,10 @@
 //! start), `nodes` and `services` (with `status`), `events`, `configmaps`, `secrets`;
 //! coordination.k8s.io/v1 `leases`; events.k8s.io/v1 `events`; discovery (`/api`, `/apis`,
 //! group versions), `/version`, `/healthz`, `/readyz`, `/livez`. JSON only: a client that
-//! accepts only protobuf gets 406.
+//! accepts only protobuf gets 406. Server-side printing for `kubectl get`: a get or list asked
+//! for with `Accept: application/json;as=Table;v=v1;g=meta.k8s.io` answers a Table with
+//! upstream's columns for nodes, services, events, namespaces and leases (`Name`/`Created At`
+//! for the rest), so `kubectl get nodes -o wide` looks as against a real cluster.
 //!
 //! # Semantics (as upstream)
 //! - Verbs get, list, watch, create, update, patch, delete, deletecollection; namespaced and
@@ -70,8 +73,8 @@
 //!   continued lists are not a snapshot (objects changed between pages may appear in their new
 //!   state; the reported resourceVersion is the first page's, so a watch from it replays them).
 //! - List items keep their `kind`/`apiVersion` (upstream omits them in lists).
-//! - No authentication/authorization, admission, protobuf, tables, CBOR, or `resourceVersion`
-//!   waits for future versions.
+//! - No authentication/authorization, admission, protobuf, CBOR, or `resourceVersion` waits
+//!   for future versions; watches are never Tables.
 
 mod controls;
 mod error;
@@ -81,6 +84,7 @@ pub mod patch;
 mod resources;
 mod select;
 mod store;
+mod table;
 
 use std::net::SocketAddr;
 use std::path::Path;
