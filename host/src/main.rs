@@ -13,7 +13,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The sandbox shows its own progress: only warnings and errors by default.
+    let quiet = matches!(cli.command, Command::Sandbox(_));
     let (filter, max_level) = match cli.verbose {
+        0 if quiet => ("warn", log_level::WARN),
         0 => ("info", log_level::INFO),
         1 => ("debug", log_level::DEBUG),
         _ => ("trace", log_level::TRACE),

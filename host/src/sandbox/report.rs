@@ -1,0 +1,649 @@
+//! The sandbox's summary: the cluster's view (nodes, services, events, the lease) and the cloud's
+//! view (load balancers and routes), as text tables or JSON.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Service};
+use serde::{Deserialize, Serialize};
+
+use super::observe::{self, Expectations, Observation, Progress};
+use super::scene::Scene;
+use crate::provider::Provider;
+
+const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+const REGION_LABEL: &str = "topology.kubernetes.io/region";
+
+/// Where the cloud's view comes from.
+pub enum CloudSource {
+    /// The fake provider's `stateDir/cloud.json` (the daemon's fake instance writes it; another
+    /// instance of the fake would have its own, empty, in-memory cloud).
+    FakeStateFile(PathBuf),
+    /// Calls to a provider instance of the sandbox's own (GetLoadBalancer, ListRoutes): real
+    /// clouds keep their state outside the process.
+    Provider(Provider),
+    /// No view, and why.
+    Unavailable(String),
+}
+
+/// The cloud's load balancers and routes.
+#[derive(Debug, Default, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudView {
+    /// How the view was read.
+    pub source: String,
+    /// Why (part of) the view could not be read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+    /// Load balancers.
+    pub load_balancers: Vec<CloudLoadBalancer>,
+    /// Routes of the cluster.
+    pub routes: Vec<CloudRoute>,
+}
+
+/// A load balancer as the cloud reports it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudLoadBalancer {
+    /// `namespace/name` of the service.
+    pub service: String,
+    /// The cloud's name for it, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its addresses.
+    pub addresses: Vec<String>,
+    /// Backend node names, when the cloud's view includes them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
+}
+
+/// A route as the cloud reports it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudRoute {
+    /// Target node.
+    pub target_node: String,
+    /// Pod CIDR.
+    #[serde(rename = "destinationCIDR")]
+    pub destination_cidr: String,
+    /// The target is gone.
+    pub blackhole: bool,
+}
+
+/// The parts of the fake's `cloud.json` the summary shows (read here with serde: the host never
+/// links a provider crate).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FakeCloudFile {
+    #[serde(default)]
+    load_balancers: Vec<FakeLb>,
+    #[serde(default)]
+    routes: Vec<FakeRoute>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FakeLb {
+    name: String,
+    cluster: String,
+    namespace: String,
+    service: String,
+    #[serde(default)]
+    hosts: Vec<String>,
+    #[serde(rename = "loadBalancerIP", default)]
+    load_balancer_ip: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FakeRoute {
+    cluster: String,
+    target_node: String,
+    #[serde(rename = "destinationCIDR")]
+    destination_cidr: String,
+    #[serde(default)]
+    blackhole: bool,
+}
+
+/// Read the cloud's view of `cluster`; `services` are the services whose load balancers to ask
+/// a provider about.
+pub async fn cloud_view(source: &CloudSource, cluster: &str, services: &[Service]) -> CloudView {
+    let mut view = CloudView::default();
+    match source {
+        CloudSource::Unavailable(why) => {
+            view.source = "none".into();
+            view.errors.push(why.clone());
+        }
+        CloudSource::FakeStateFile(path) => {
+            view.source = format!("fake cloud state {}", path.display());
+            match std::fs::read(path) {
+                Ok(bytes) => match serde_json::from_slice::<FakeCloudFile>(&bytes) {
+                    Ok(file) => {
+                        view.load_balancers = file
+                            .load_balancers
+                            .into_iter()
+                            .filter(|lb| lb.cluster == cluster)
+                            .map(|lb| CloudLoadBalancer {
+                                service: format!("{}/{}", lb.namespace, lb.service),
+                                name: Some(lb.name),
+                                addresses: vec![lb.load_balancer_ip],
+                                hosts: Some(lb.hosts),
+                            })
+                            .collect();
+                        view.routes = file
+                            .routes
+                            .into_iter()
+                            .filter(|r| r.cluster == cluster)
+                            .map(|r| CloudRoute {
+                                target_node: r.target_node,
+                                destination_cidr: r.destination_cidr,
+                                blackhole: r.blackhole,
+                            })
+                            .collect();
+                    }
+                    Err(e) => view.errors.push(format!("{}: {e}", path.display())),
+                },
+                // No file yet: the cloud has not changed (no LB, no route).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => view.errors.push(format!("{}: {e}", path.display())),
+            }
+        }
+        CloudSource::Provider(provider) => {
+            view.source = format!(
+                "provider calls to {} (GetLoadBalancer, ListRoutes)",
+                provider.registered_name()
+            );
+            let caps = provider.capabilities();
+            if caps.routes {
+                match provider.list_routes(cluster).await {
+                    Ok(routes) => {
+                        view.routes = routes
+                            .into_iter()
+                            .map(|r| CloudRoute {
+                                target_node: r.target_node,
+                                destination_cidr: r.destination_cidr,
+                                blackhole: r.blackhole,
+                            })
+                            .collect()
+                    }
+                    Err(e) => view.errors.push(format!("ListRoutes: {e}")),
+                }
+            }
+            if caps.load_balancer {
+                for svc in services {
+                    let key = format!(
+                        "{}/{}",
+                        svc.metadata.namespace.as_deref().unwrap_or("default"),
+                        svc.metadata.name.as_deref().unwrap_or("")
+                    );
+                    match provider.get_load_balancer(cluster, svc).await {
+                        Ok(Some(status)) => view.load_balancers.push(CloudLoadBalancer {
+                            service: key,
+                            name: None,
+                            addresses: status
+                                .ingress
+                                .unwrap_or_default()
+                                .into_iter()
+                                .filter_map(|i| i.ip.or(i.hostname))
+                                .collect(),
+                            hosts: None,
+                        }),
+                        Ok(None) => {}
+                        Err(e) => view.errors.push(format!("GetLoadBalancer {key}: {e}")),
+                    }
+                }
+            }
+        }
+    }
+    view.load_balancers
+        .sort_by(|a, b| a.service.cmp(&b.service));
+    view.routes.sort_by(|a, b| {
+        (&a.target_node, &a.destination_cidr).cmp(&(&b.target_node, &b.destination_cidr))
+    });
+    view
+}
+
+/// The provider the sandbox ran.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderInfo {
+    /// Registered name (`--cloud-provider`).
+    pub name: String,
+    /// `ProviderName()`.
+    pub provider_name: String,
+    /// The plugin file.
+    pub plugin: PathBuf,
+    /// Capabilities, upstream names.
+    pub capabilities: Vec<&'static str>,
+}
+
+/// One node row.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRow {
+    /// Name.
+    pub name: String,
+    /// `spec.providerID`.
+    #[serde(rename = "providerID")]
+    pub provider_id: String,
+    /// Instance type label.
+    pub instance_type: String,
+    /// Zone label.
+    pub zone: String,
+    /// Region label.
+    pub region: String,
+    /// `Type=address`, in status order.
+    pub addresses: Vec<String>,
+    /// `spec.podCIDR`.
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: String,
+    /// providerID set and no uninitialized taint.
+    pub initialised: bool,
+    /// `NetworkUnavailable` says the route exists (None: no condition).
+    pub route_created: Option<bool>,
+}
+
+/// One service row.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRow {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `spec.loadBalancerClass`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_balancer_class: Option<String>,
+    /// Handled by these controllers.
+    pub owned: bool,
+    /// Ingress addresses.
+    pub ingress: Vec<String>,
+    /// Carries the load-balancer-cleanup finalizer.
+    pub finalizer: bool,
+}
+
+/// Events of one type and reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventCount {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Reason.
+    pub reason: String,
+    /// Occurrences (with repeats).
+    pub count: u64,
+}
+
+/// What was expected of the controllers: `on`, or `off: <why>`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Expected {
+    /// Node initialisation.
+    pub nodes: String,
+    /// Routes.
+    pub routes: String,
+    /// Load balancers.
+    pub load_balancers: String,
+}
+
+/// Everything the sandbox reports at the end of its wait.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The scene converged.
+    pub converged: bool,
+    /// `converged`, `timed out after 2m0s`, `interrupted`, or why the controllers stopped.
+    pub outcome: String,
+    /// Seconds from starting the controllers to the end of the wait.
+    pub elapsed_seconds: f64,
+    /// Where the scene came from.
+    pub scene: String,
+    /// The provider.
+    pub provider: ProviderInfo,
+    /// What the controllers were expected to do.
+    pub expected: Expected,
+    /// The sandbox API server's URL.
+    pub api_server: String,
+    /// The kubeconfig written for users (`--kubeconfig-out`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seeded nodes as the cluster has them.
+    pub nodes: Vec<NodeRow>,
+    /// Seeded services as the cluster has them.
+    pub services: Vec<ServiceRow>,
+    /// The cloud's view.
+    pub cloud: CloudView,
+    /// Events by type and reason, most frequent first.
+    pub events: Vec<EventCount>,
+    /// The leader-election lease (`namespace/name`).
+    pub lease: String,
+    /// Its holder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_holder: Option<String>,
+    /// Every item that did not converge, with the reason.
+    pub not_converged: Vec<String>,
+}
+
+fn on_off(r: &Result<(), String>) -> String {
+    match r {
+        Ok(()) => "on".into(),
+        Err(why) => format!("off: {why}"),
+    }
+}
+
+fn label(node: &Node, key: &str) -> String {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Everything the report needs besides the observation.
+pub struct ReportInput<'a> {
+    /// The scene.
+    pub scene: &'a Scene,
+    /// Expectations.
+    pub expectations: &'a Expectations,
+    /// The last progress.
+    pub progress: &'a Progress,
+    /// Outcome text.
+    pub outcome: String,
+    /// Elapsed seconds.
+    pub elapsed_seconds: f64,
+    /// Provider.
+    pub provider: ProviderInfo,
+    /// API server URL.
+    pub api_server: String,
+    /// `--kubeconfig-out`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The leader-election lease, `namespace/name`.
+    pub lease_name: String,
+    /// The lease object.
+    pub lease: Option<Lease>,
+}
+
+/// Build the report from the last observation and the cloud's view.
+pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Report {
+    let nodes = input
+        .scene
+        .nodes
+        .iter()
+        .filter_map(|sn| obs.node(&sn.spec.name))
+        .map(|n| NodeRow {
+            name: n.metadata.name.clone().unwrap_or_default(),
+            provider_id: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.clone())
+                .unwrap_or_default(),
+            instance_type: label(n, INSTANCE_TYPE_LABEL),
+            zone: label(n, ZONE_LABEL),
+            region: label(n, REGION_LABEL),
+            addresses: n
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .map(|a| {
+                    a.iter()
+                        .map(|a| format!("{}={}", a.type_, a.address))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            pod_cidr: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.pod_cidr.clone())
+                .unwrap_or_default(),
+            initialised: observe::node_initialised(n),
+            route_created: observe::node_routed(n),
+        })
+        .collect();
+    let services = input
+        .scene
+        .services
+        .iter()
+        .filter_map(|s| obs.service(&s.namespace, &s.name))
+        .map(|s| ServiceRow {
+            namespace: s.metadata.namespace.clone().unwrap_or_default(),
+            name: s.metadata.name.clone().unwrap_or_default(),
+            load_balancer_class: s.spec.as_ref().and_then(|s| s.load_balancer_class.clone()),
+            owned: input.expectations.policy.wants_load_balancer(s),
+            ingress: observe::ingress(s),
+            finalizer: crate::controllers::service::predicates::has_lb_finalizer(s),
+        })
+        .collect();
+    let mut events: Vec<EventCount> = obs
+        .event_counts()
+        .into_iter()
+        .map(|((type_, reason), count)| EventCount {
+            type_,
+            reason,
+            count,
+        })
+        .collect();
+    events.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+    Report {
+        converged: input.progress.converged(),
+        outcome: input.outcome,
+        elapsed_seconds: input.elapsed_seconds,
+        scene: input.scene.source.clone(),
+        provider: input.provider,
+        expected: Expected {
+            nodes: on_off(&input.expectations.nodes),
+            routes: on_off(&input.expectations.routes),
+            load_balancers: on_off(&input.expectations.load_balancers),
+        },
+        api_server: input.api_server,
+        kubeconfig: input.kubeconfig,
+        nodes,
+        services,
+        cloud,
+        events,
+        lease: input.lease_name,
+        lease_holder: input
+            .lease
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty()),
+        not_converged: input.progress.pending.clone(),
+    }
+}
+
+/// Print rows as an aligned table (two spaces between columns).
+fn table(out: &mut dyn Write, headers: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |out: &mut dyn Write, cells: Vec<&str>| -> io::Result<()> {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                s.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        writeln!(out, "  {}", s.trim_end())
+    };
+    line(out, headers.to_vec())?;
+    for row in rows {
+        line(out, row.iter().map(String::as_str).collect())?;
+    }
+    Ok(())
+}
+
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
+    }
+}
+
+impl Report {
+    /// The human-readable summary.
+    pub fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "Sandbox {} after {:.1}s: {}",
+            if self.converged {
+                "converged"
+            } else {
+                "did NOT converge"
+            },
+            self.elapsed_seconds,
+            self.outcome
+        )?;
+        writeln!(
+            out,
+            "  provider {} (ProviderName {}) from {}; capabilities: {}",
+            self.provider.name,
+            self.provider.provider_name,
+            self.provider.plugin.display(),
+            self.provider.capabilities.join(", ")
+        )?;
+        writeln!(out, "  scene: {}", self.scene)?;
+        writeln!(
+            out,
+            "  expected: node initialisation {}; routes {}; load balancers {}",
+            self.expected.nodes, self.expected.routes, self.expected.load_balancers
+        )?;
+        let route_of = |node: &str| -> Option<&CloudRoute> {
+            self.cloud.routes.iter().find(|r| r.target_node == node)
+        };
+        writeln!(out, "\nNodes ({})", self.nodes.len())?;
+        let rows: Vec<Vec<String>> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let route = match (route_of(&n.name), n.route_created) {
+                    (Some(r), _) if r.blackhole => "blackhole".to_string(),
+                    (Some(_), Some(true)) => "yes".to_string(),
+                    (Some(_), _) => "in cloud".to_string(),
+                    (None, Some(true)) => "yes".to_string(),
+                    (None, Some(false)) => "NO".to_string(),
+                    (None, None) => "-".to_string(),
+                };
+                vec![
+                    n.name.clone(),
+                    if n.initialised { "yes" } else { "NO" }.to_string(),
+                    or_dash(&n.provider_id),
+                    or_dash(&n.instance_type),
+                    or_dash(&n.zone),
+                    or_dash(&n.pod_cidr),
+                    route,
+                    n.addresses.join(" "),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &[
+                "NAME",
+                "INITIALISED",
+                "PROVIDER-ID",
+                "TYPE",
+                "ZONE",
+                "POD-CIDR",
+                "ROUTE",
+                "ADDRESSES",
+            ],
+            &rows,
+        )?;
+        writeln!(out, "\nServices ({})", self.services.len())?;
+        let rows: Vec<Vec<String>> = self
+            .services
+            .iter()
+            .map(|s| {
+                let key = format!("{}/{}", s.namespace, s.name);
+                let lb = self
+                    .cloud
+                    .load_balancers
+                    .iter()
+                    .find(|lb| lb.service == key);
+                let cloud = match lb {
+                    Some(lb) => match &lb.hosts {
+                        Some(h) => format!(
+                            "{} ({} hosts)",
+                            lb.name.as_deref().unwrap_or("yes"),
+                            h.len()
+                        ),
+                        None => lb.name.clone().unwrap_or_else(|| "yes".into()),
+                    },
+                    None => "-".into(),
+                };
+                vec![
+                    key,
+                    s.load_balancer_class.clone().unwrap_or_else(|| "-".into()),
+                    if s.owned {
+                        "yes".into()
+                    } else if s.finalizer || !s.ingress.is_empty() {
+                        "no (TOUCHED)".into()
+                    } else {
+                        "no (untouched)".into()
+                    },
+                    if s.ingress.is_empty() {
+                        "<pending>".into()
+                    } else {
+                        s.ingress.join(",")
+                    },
+                    cloud,
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &["SERVICE", "CLASS", "OURS", "INGRESS", "CLOUD-LB"],
+            &rows,
+        )?;
+        writeln!(
+            out,
+            "\nCloud: {} load balancer(s), {} route(s) ({})",
+            self.cloud.load_balancers.len(),
+            self.cloud.routes.len(),
+            self.cloud.source
+        )?;
+        for e in &self.cloud.errors {
+            writeln!(out, "  cloud view incomplete: {e}")?;
+        }
+        let seeded: std::collections::BTreeSet<&str> =
+            self.nodes.iter().map(|n| n.name.as_str()).collect();
+        for r in &self.cloud.routes {
+            if !seeded.contains(r.target_node.as_str()) || r.blackhole {
+                writeln!(
+                    out,
+                    "  route {} -> {}{}",
+                    r.destination_cidr,
+                    r.target_node,
+                    if r.blackhole { " (blackhole)" } else { "" }
+                )?;
+            }
+        }
+        if !self.events.is_empty() {
+            writeln!(out, "\nEvents")?;
+            let rows: Vec<Vec<String>> = self
+                .events
+                .iter()
+                .map(|e| vec![e.type_.clone(), e.reason.clone(), e.count.to_string()])
+                .collect();
+            table(out, &["TYPE", "REASON", "COUNT"], &rows)?;
+        }
+        if let Some(holder) = &self.lease_holder {
+            writeln!(out, "\nLease {} held by {holder}", self.lease)?;
+        }
+        if !self.not_converged.is_empty() {
+            writeln!(out, "\nNot converged ({}):", self.not_converged.len())?;
+            for p in &self.not_converged {
+                writeln!(out, "  - {p}")?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1049 @@
+//! The scene the sandbox seeds: kubelet-style nodes and LoadBalancer services, either generated
+//! (`--nodes N --services M`) or read from a scenario file (`--scenario FILE`, YAML), and the
+//! built-in demo cloud the fake provider runs with when no cloud config is given.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, NodeAddress, NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus,
+    NodeSystemInfo, Service, ServicePort, ServiceSpec as K8sServiceSpec, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::controllers::node::UNINITIALIZED_TAINT;
+use crate::controllers::node_addresses::PROVIDED_NODE_IP_ANNOTATION;
+use crate::controllers::service::predicates::EXCLUDE_LB_LABEL;
+
+/// Default pod network of the sandbox cluster.
+pub const DEFAULT_CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The class of the generated service that belongs to another controller.
+pub const FOREIGN_CLASS: &str = "example.com/other-lb";
+/// Name of the generated service with [`FOREIGN_CLASS`].
+pub const FOREIGN_SERVICE: &str = "other-class-lb";
+/// Control-plane role label (kubeadm).
+const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// Namespaces that exist in the in-memory API server from the start.
+const BUILT_IN_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// A scenario file (`--scenario FILE`). Every key is optional; unknown keys are errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Scenario {
+    /// Pod network of the cluster (`--cluster-cidr` of the controllers); podCIDRs are cut from it.
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: Option<String>,
+    /// Nodes, registered as a kubelet with `--cloud-provider=external` does.
+    #[serde(default)]
+    pub nodes: Vec<NodeSpec>,
+    /// Services of type LoadBalancer.
+    #[serde(default)]
+    pub services: Vec<ServiceSpec>,
+    /// The provider's cloud config. With the fake provider it is laid over the built-in demo
+    /// cloud key by key (so `errors:` alone injects faults into the demo cloud).
+    pub cloud_config: Option<Value>,
+}
+
+/// One node of a scenario.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NodeSpec {
+    /// Node name (a DNS-1123 subdomain), required.
+    pub name: String,
+    /// Extra labels (the kubelet's own `kubernetes.io/hostname`, `kubernetes.io/os` and
+    /// `kubernetes.io/arch` are always set).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// Taints besides the cloud provider's `uninitialized` taint.
+    #[serde(default)]
+    pub taints: Vec<TaintSpec>,
+    /// The kubelet's `--node-ip`: sets the `alpha.kubernetes.io/provided-node-ip` annotation
+    /// and the node's first InternalIP address.
+    #[serde(rename = "providedIP")]
+    pub provided_ip: Option<String>,
+    /// The node's pod CIDR; default: the next free range of the cluster CIDR.
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: Option<String>,
+    /// Demo cloud only: instance type.
+    pub instance_type: Option<String>,
+    /// Demo cloud only: zone.
+    pub zone: Option<String>,
+    /// Demo cloud only: region.
+    pub region: Option<String>,
+    /// Demo cloud only: the instance's ExternalIP.
+    #[serde(rename = "externalIP")]
+    pub external_ip: Option<String>,
+}
+
+/// A taint of a scenario node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaintSpec {
+    /// Taint key.
+    pub key: String,
+    /// Taint value.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// One service of a scenario (always `type: LoadBalancer`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceSpec {
+    /// Service name (a DNS-1035 label), required.
+    pub name: String,
+    /// Namespace (created if missing); default `default`.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.loadBalancerClass`: a class the controllers do not handle must stay untouched.
+    pub load_balancer_class: Option<String>,
+    /// `spec.loadBalancerIP`.
+    #[serde(rename = "loadBalancerIP")]
+    pub load_balancer_ip: Option<String>,
+    /// Ports; default one port `http` 80 -> 8080/TCP.
+    #[serde(default = "default_ports")]
+    pub ports: Vec<PortSpec>,
+}
+
+/// A service port.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PortSpec {
+    /// Port name (required when a service has more than one port).
+    pub name: Option<String>,
+    /// Port number.
+    pub port: i64,
+    /// Target port number; default: `port`.
+    pub target_port: Option<i64>,
+    /// `TCP` (default), `UDP` or `SCTP`.
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn default_protocol() -> String {
+    "TCP".into()
+}
+
+fn default_ports() -> Vec<PortSpec> {
+    vec![PortSpec {
+        name: Some("http".into()),
+        port: 80,
+        target_port: Some(8080),
+        protocol: default_protocol(),
+    }]
+}
+
+/// A validated scene: every node has its pod CIDR and (for the demo cloud) its InternalIP.
+#[derive(Debug, Clone)]
+pub struct Scene {
+    /// Where the scene came from, for messages.
+    pub source: String,
+    /// The cluster's pod network.
+    pub cluster_cidr: IpNet,
+    /// Nodes in order.
+    pub nodes: Vec<SceneNode>,
+    /// Services in order.
+    pub services: Vec<ServiceSpec>,
+    /// The scenario's `cloudConfig` mapping.
+    pub cloud_config: Option<Map<String, Value>>,
+}
+
+/// A node of a validated scene.
+#[derive(Debug, Clone)]
+pub struct SceneNode {
+    /// The scenario entry.
+    pub spec: NodeSpec,
+    /// Provided node IP, parsed.
+    pub provided_ip: Option<IpAddr>,
+    /// Pod CIDR, resolved.
+    pub pod_cidr: IpNet,
+    /// The demo cloud's InternalIP for this node (the provided IP when there is one).
+    pub internal_ip: IpAddr,
+}
+
+/// Everything wrong with a scenario, one message per problem.
+#[derive(Debug)]
+pub struct SceneErrors(pub Vec<String>);
+
+impl std::fmt::Display for SceneErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Scenario {
+    /// Read and parse a scenario file (YAML or JSON).
+    pub fn read(path: &Path) -> Result<Scenario, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read --scenario {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("invalid scenario {}: {e}", path.display()))
+    }
+
+    /// Parse scenario text.
+    pub fn parse(text: &str) -> Result<Scenario, String> {
+        if text.trim().is_empty() {
+            return Err(
+                "the file is empty (expected keys nodes, services, clusterCIDR, cloudConfig)"
+                    .into(),
+            );
+        }
+        yaml_serde::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The generated scene of `--nodes N --services M`: the first node is a control-plane node
+    /// (excluded from load balancers, as kubeadm labels it) when there are two or more; every
+    /// third node and the control plane have a provided node IP; nodes spread over three zones;
+    /// the last service (when there are two or more) has a class the controllers do not own.
+    pub fn generate(nodes: usize, services: usize) -> Scenario {
+        let width = nodes.to_string().len().max(2);
+        let zones = ["fake-zone-a", "fake-zone-b", "fake-zone-c"];
+        let node_specs = (1..=nodes)
+            .map(|i| {
+                let control_plane = i == 1 && nodes >= 2;
+                let mut spec = NodeSpec {
+                    name: format!("node-{i:0width$}"),
+                    zone: Some(zones[(i - 1) % zones.len()].to_string()),
+                    region: Some("fake-region-1".into()),
+                    instance_type: Some(
+                        if control_plane || i % 4 == 0 {
+                            "fake.large"
+                        } else {
+                            "fake.medium"
+                        }
+                        .into(),
+                    ),
+                    ..Default::default()
+                };
+                if control_plane {
+                    spec.labels
+                        .insert(CONTROL_PLANE_LABEL.into(), String::new());
+                    spec.labels.insert(EXCLUDE_LB_LABEL.into(), String::new());
+                    spec.taints.push(TaintSpec {
+                        key: CONTROL_PLANE_LABEL.into(),
+                        value: None,
+                        effect: "NoSchedule".into(),
+                    });
+                } else if i % 2 == 0 && i < 240 {
+                    spec.external_ip = Some(format!("198.51.100.{}", i + 10));
+                }
+                if control_plane || i % 3 == 0 {
+                    // The demo cloud's InternalIP of node i (see `internal_ips`).
+                    spec.provided_ip = Some(nth_internal_ip(i - 1).to_string());
+                }
+                spec
+            })
+            .collect();
+        let names = [
+            "web", "api", "shop", "search", "media", "chat", "auth", "docs",
+        ];
+        let service_specs = (0..services)
+            .map(|i| {
+                if services >= 2 && i == services - 1 {
+                    return ServiceSpec {
+                        name: FOREIGN_SERVICE.into(),
+                        namespace: default_namespace(),
+                        labels: BTreeMap::from([("app".into(), FOREIGN_SERVICE.into())]),
+                        annotations: BTreeMap::new(),
+                        load_balancer_class: Some(FOREIGN_CLASS.into()),
+                        load_balancer_ip: None,
+                        ports: default_ports(),
+                    };
+                }
+                let name = names
+                    .get(i)
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| format!("svc-{:02}", i + 1));
+                let mut ports = default_ports();
+                if i == 0 {
+                    ports.push(PortSpec {
+                        name: Some("https".into()),
+                        port: 443,
+                        target_port: Some(8443),
+                        protocol: default_protocol(),
+                    });
+                }
+                ServiceSpec {
+                    labels: BTreeMap::from([("app".into(), name.clone())]),
+                    name,
+                    namespace: default_namespace(),
+                    annotations: BTreeMap::new(),
+                    load_balancer_class: None,
+                    load_balancer_ip: None,
+                    ports,
+                }
+            })
+            .collect();
+        Scenario {
+            cluster_cidr: None,
+            nodes: node_specs,
+            services: service_specs,
+            cloud_config: None,
+        }
+    }
+
+    /// The generated scene for a cloud other than the demo cloud: the instances' types, zones
+    /// and addresses are the cloud's own, so the nodes carry no demo-cloud fields and no
+    /// provided node IP (it would have to match an address the cloud reports).
+    pub fn without_demo_cloud(mut self) -> Scenario {
+        for n in &mut self.nodes {
+            n.instance_type = None;
+            n.zone = None;
+            n.region = None;
+            n.external_ip = None;
+            n.provided_ip = None;
+        }
+        self
+    }
+
+    /// Validate and resolve. `cluster_cidr` (the flag) wins over the scenario's `clusterCIDR`;
+    /// `demo_cloud` says whether the demo-cloud-only node fields may be used.
+    pub fn into_scene(
+        self,
+        source: String,
+        cluster_cidr: Option<&str>,
+        demo_cloud: bool,
+    ) -> Result<Scene, SceneErrors> {
+        let mut errors = Vec::new();
+        let (cidr_text, cidr_origin) = match (cluster_cidr, self.cluster_cidr.as_deref()) {
+            (Some(flag), _) => (flag.to_string(), "--cluster-cidr"),
+            (None, Some(s)) => (s.to_string(), "clusterCIDR"),
+            (None, None) => (DEFAULT_CLUSTER_CIDR.to_string(), "the default cluster CIDR"),
+        };
+        let cluster = match cidr_text.trim().parse::<IpNet>() {
+            Ok(net) if net.trunc() == net => Some(net),
+            Ok(net) => {
+                errors.push(format!(
+                    "{cidr_origin}: {cidr_text:?} has host bits set (did you mean {}?)",
+                    net.trunc()
+                ));
+                None
+            }
+            Err(_) if cidr_text.contains(',') => {
+                errors.push(format!(
+                    "{cidr_origin}: {cidr_text:?}: the sandbox builds single-stack scenes; give one CIDR"
+                ));
+                None
+            }
+            Err(e) => {
+                errors.push(format!(
+                    "{cidr_origin}: {cidr_text:?} is not a CIDR (e.g. 10.244.0.0/16): {e}"
+                ));
+                None
+            }
+        };
+        let cloud_config = match self.cloud_config {
+            None => None,
+            Some(Value::Object(m)) => Some(m),
+            Some(other) => {
+                errors.push(format!(
+                    "cloudConfig: must be a mapping of the provider's configuration keys, got {}",
+                    json_kind(&other)
+                ));
+                None
+            }
+        };
+
+        // Nodes: names, IPs, pod CIDRs.
+        let mut names = BTreeSet::new();
+        let mut parsed = Vec::with_capacity(self.nodes.len());
+        for (i, node) in self.nodes.iter().enumerate() {
+            let at = format!("nodes[{i}]");
+            if node.name.is_empty() {
+                errors.push(format!("{at}.name: required"));
+            } else if !names.insert(node.name.clone()) {
+                errors.push(format!("{at}.name: duplicate node name {:?}", node.name));
+            }
+            let provided_ip = node.provided_ip.as_deref().and_then(|ip| {
+                ip.trim()
+                    .parse::<IpAddr>()
+                    .map_err(|_| {
+                        errors.push(format!(
+                            "{at}.providedIP: {ip:?} is not an IP address (one address, as the kubelet's --node-ip)"
+                        ))
+                    })
+                    .ok()
+            });
+            let pod_cidr = node
+                .pod_cidr
+                .as_deref()
+                .and_then(|c| match c.trim().parse::<IpNet>() {
+                    Ok(net) if net.trunc() != net => {
+                        errors.push(format!(
+                            "{at}.podCIDR: {c:?} has host bits set (did you mean {}?)",
+                            net.trunc()
+                        ));
+                        None
+                    }
+                    Ok(net) => {
+                        if let Some(cluster) = cluster {
+                            if !cluster.contains(&net) {
+                                errors.push(format!(
+                                    "{at}.podCIDR: {net} is not inside the cluster CIDR {cluster}"
+                                ));
+                            }
+                        }
+                        Some(net)
+                    }
+                    Err(e) => {
+                        errors.push(format!("{at}.podCIDR: {c:?} is not a CIDR: {e}"));
+                        None
+                    }
+                });
+            if !demo_cloud {
+                for (field, set) in [
+                    ("instanceType", node.instance_type.is_some()),
+                    ("zone", node.zone.is_some()),
+                    ("region", node.region.is_some()),
+                    ("externalIP", node.external_ip.is_some()),
+                ] {
+                    if set {
+                        errors.push(format!(
+                            "{at}.{field}: only applies to the built-in demo cloud (the fake provider without --cloud-config); describe the instance in the provider's cloud config instead"
+                        ));
+                    }
+                }
+            }
+            if let Some(ip) = &node.external_ip {
+                if ip.trim().parse::<IpAddr>().is_err() {
+                    errors.push(format!("{at}.externalIP: {ip:?} is not an IP address"));
+                }
+            }
+            for (j, taint) in node.taints.iter().enumerate() {
+                if !matches!(
+                    taint.effect.as_str(),
+                    "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+                ) {
+                    errors.push(format!(
+                        "{at}.taints[{j}].effect: {:?} is not one of NoSchedule, PreferNoSchedule, NoExecute",
+                        taint.effect
+                    ));
+                }
+                if taint.key == UNINITIALIZED_TAINT {
+                    errors.push(format!(
+                        "{at}.taints[{j}]: {UNINITIALIZED_TAINT} is added to every node already"
+                    ));
+                }
+            }
+            parsed.push((provided_ip, pod_cidr));
+        }
+
+        // Pod CIDRs: explicit ones must not overlap; the others get the next free range.
+        let mut pod_cidrs: Vec<Option<IpNet>> = parsed.iter().map(|(_, c)| *c).collect();
+        for i in 0..pod_cidrs.len() {
+            for j in 0..i {
+                if let (Some(a), Some(b)) = (pod_cidrs[i], pod_cidrs[j]) {
+                    if a.contains(&b) || b.contains(&a) {
+                        errors.push(format!(
+                            "nodes[{i}].podCIDR: {a} overlaps {b} of nodes[{j}] ({})",
+                            self.nodes[j].name
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(cluster) = cluster {
+            let missing = pod_cidrs.iter().filter(|c| c.is_none()).count();
+            if missing > 0 {
+                let per_node = match cluster {
+                    IpNet::V4(_) => 24,
+                    IpNet::V6(_) => 64,
+                }
+                .max(cluster.prefix_len());
+                let taken: Vec<IpNet> = pod_cidrs.iter().flatten().copied().collect();
+                let mut free = cluster
+                    .subnets(per_node)
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| !taken.iter().any(|t| t.contains(s) || s.contains(t)));
+                let mut short = 0;
+                for slot in pod_cidrs.iter_mut().filter(|c| c.is_none()) {
+                    match free.next() {
+                        Some(s) => *slot = Some(s),
+                        None => short += 1,
+                    }
+                }
+                if short > 0 {
+                    errors.push(format!(
+                        "{cidr_origin} {cluster} has room for {} more /{per_node} pod ranges, but {missing} nodes need one; use a larger cluster CIDR",
+                        missing - short
+                    ));
+                }
+            }
+        }
+
+        // Services.
+        let mut keys = BTreeSet::new();
+        for (i, svc) in self.services.iter().enumerate() {
+            let at = format!("services[{i}]");
+            if svc.name.is_empty() {
+                errors.push(format!("{at}.name: required"));
+            } else if !keys.insert((svc.namespace.clone(), svc.name.clone())) {
+                errors.push(format!(
+                    "{at}.name: duplicate service {}/{}",
+                    svc.namespace, svc.name
+                ));
+            }
+            if svc.ports.is_empty() {
+                errors.push(format!(
+                    "{at}.ports: a LoadBalancer service needs at least one port"
+                ));
+            }
+            let mut port_names = BTreeSet::new();
+            for (j, p) in svc.ports.iter().enumerate() {
+                if !(1..=65535).contains(&p.port) {
+                    errors.push(format!(
+                        "{at}.ports[{j}].port: {} is not between 1 and 65535",
+                        p.port
+                    ));
+                }
+                if let Some(t) = p.target_port {
+                    if !(1..=65535).contains(&t) {
+                        errors.push(format!(
+                            "{at}.ports[{j}].targetPort: {t} is not between 1 and 65535"
+                        ));
+                    }
+                }
+                if !matches!(p.protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+                    errors.push(format!(
+                        "{at}.ports[{j}].protocol: {:?} is not one of TCP, UDP, SCTP",
+                        p.protocol
+                    ));
+                }
+                match &p.name {
+                    None if svc.ports.len() > 1 => errors.push(format!(
+                        "{at}.ports[{j}].name: required when a service has more than one port"
+                    )),
+                    Some(n) if !port_names.insert(n.clone()) => {
+                        errors.push(format!("{at}.ports[{j}].name: duplicate port name {n:?}"))
+                    }
+                    _ => {}
+                }
+            }
+            if svc.load_balancer_class.as_deref() == Some("") {
+                errors.push(format!(
+                    "{at}.loadBalancerClass: cannot be empty (leave it out for the default class)"
+                ));
+            }
+        }
+
+        if !errors.is_empty() {
+            return Err(SceneErrors(errors));
+        }
+        let cluster = cluster.expect("no errors means the cluster CIDR parsed");
+        let internal = internal_ips(&parsed.iter().map(|(ip, _)| *ip).collect::<Vec<_>>());
+        let nodes = self
+            .nodes
+            .into_iter()
+            .zip(parsed)
+            .zip(pod_cidrs)
+            .zip(internal)
+            .map(
+                |(((spec, (provided_ip, _)), pod_cidr), internal_ip)| SceneNode {
+                    spec,
+                    provided_ip,
+                    pod_cidr: pod_cidr.expect("every node got a pod CIDR"),
+                    internal_ip,
+                },
+            )
+            .collect();
+        Ok(Scene {
+            source,
+            cluster_cidr: cluster,
+            nodes,
+            services: self.services,
+            cloud_config,
+        })
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// The demo cloud's n-th generated InternalIP (10.0.0.11, 10.0.0.12, ...).
+fn nth_internal_ip(n: usize) -> IpAddr {
+    let host = u32::try_from(n).unwrap_or(u32::MAX - 11).saturating_add(11);
+    IpAddr::V4(std::net::Ipv4Addr::from(
+        (10u32 << 24) | (host & 0x00ff_ffff),
+    ))
+}
+
+/// InternalIPs of the demo cloud: the provided IP, else the next generated address that no
+/// other node uses.
+fn internal_ips(provided: &[Option<IpAddr>]) -> Vec<IpAddr> {
+    let used: BTreeSet<IpAddr> = provided.iter().flatten().copied().collect();
+    let mut next = 0usize;
+    provided
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match p {
+            Some(ip) => *ip,
+            None => {
+                next = next.max(i);
+                loop {
+                    let ip = nth_internal_ip(next);
+                    next += 1;
+                    if !used.contains(&ip) {
+                        break ip;
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+impl Scene {
+    /// Namespaces the services need that the API server does not have from the start.
+    pub fn namespaces(&self) -> Vec<Namespace> {
+        let names: BTreeSet<&str> = self
+            .services
+            .iter()
+            .map(|s| s.namespace.as_str())
+            .filter(|ns| !BUILT_IN_NAMESPACES.contains(ns))
+            .collect();
+        names
+            .into_iter()
+            .map(|n| Namespace {
+                metadata: ObjectMeta {
+                    name: Some(n.to_string()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// The Node objects as a kubelet with `--cloud-provider=external` registers them.
+    pub fn node_objects(&self) -> Vec<Node> {
+        self.nodes.iter().map(kubelet_node).collect()
+    }
+
+    /// The Service objects.
+    pub fn service_objects(&self) -> Vec<Service> {
+        self.services.iter().map(service_object).collect()
+    }
+
+    /// The built-in demo cloud for the fake provider: one instance per node (type, zone,
+    /// region, addresses), unknown nodes synthesised (`autoInstances`), the default LB address
+    /// pool, routes on, state written to `state_dir`. The scenario's `cloudConfig` is laid over
+    /// it key by key.
+    pub fn demo_cloud_config(&self, cluster_name: &str, state_dir: &Path) -> Value {
+        let instances: Vec<Value> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut addresses =
+                    vec![json!({"type": "InternalIP", "address": n.internal_ip.to_string()})];
+                if let Some(ext) = &n.spec.external_ip {
+                    addresses.push(json!({"type": "ExternalIP", "address": ext.trim()}));
+                }
+                addresses.push(json!({"type": "Hostname", "address": n.spec.name}));
+                let mut inst = json!({"name": n.spec.name, "addresses": addresses});
+                for (key, v) in [
+                    ("instanceType", &n.spec.instance_type),
+                    ("zone", &n.spec.zone),
+                    ("region", &n.spec.region),
+                ] {
+                    if let Some(v) = v {
+                        inst[key] = json!(v);
+                    }
+                }
+                inst
+            })
+            .collect();
+        let mut config = json!({
+            "autoInstances": true,
+            "defaults": {"instanceType": "fake.medium", "zone": "fake-zone-a", "region": "fake-region-1"},
+            "instances": instances,
+            "clusters": [cluster_name],
+            "ipPool": "198.18.0.0/15",
+        });
+        if let (Value::Object(base), Some(overlay)) = (&mut config, &self.cloud_config) {
+            for (k, v) in overlay {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        with_state_dir(config, state_dir)
+    }
+}
+
+/// `config` with `stateDir` set to `state_dir` unless it names one already (the sandbox reads
+/// the fake cloud's `cloud.json` from there for its summary).
+pub fn with_state_dir(mut config: Value, state_dir: &Path) -> Value {
+    if let Value::Object(m) = &mut config {
+        m.entry("stateDir")
+            .or_insert_with(|| json!(state_dir.display().to_string()));
+    }
+    config
+}
+
+fn kubelet_node(n: &SceneNode) -> Node {
+    let name = n.spec.name.clone();
+    let mut labels = BTreeMap::from([
+        ("kubernetes.io/hostname".to_string(), name.clone()),
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("kubernetes.io/arch".to_string(), "amd64".to_string()),
+        ("beta.kubernetes.io/os".to_string(), "linux".to_string()),
+        ("beta.kubernetes.io/arch".to_string(), "amd64".to_string()),
+    ]);
+    labels.extend(n.spec.labels.clone());
+    let mut annotations = BTreeMap::from([(
+        "volumes.kubernetes.io/controller-managed-attach-detach".to_string(),
+        "true".to_string(),
+    )]);
+    annotations.extend(n.spec.annotations.clone());
+    let mut addresses = Vec::new();
+    if let Some(ip) = n.provided_ip {
+        annotations.insert(PROVIDED_NODE_IP_ANNOTATION.to_string(), ip.to_string());
+        addresses.push(NodeAddress {
+            type_: "InternalIP".into(),
+            address: ip.to_string(),
+        });
+    }
+    addresses.push(NodeAddress {
+        type_: "Hostname".into(),
+        address: name.clone(),
+    });
+    let mut taints = vec![Taint {
+        key: UNINITIALIZED_TAINT.into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }];
+    taints.extend(n.spec.taints.iter().map(|t| Taint {
+        key: t.key.clone(),
+        value: t.value.clone(),
+        effect: t.effect.clone(),
+        time_added: None,
+    }));
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(now.clone()),
+    };
+    let resources = BTreeMap::from([
+        ("cpu".to_string(), Quantity("4".into())),
+        ("memory".to_string(), Quantity("16374584Ki".into())),
+        ("pods".to_string(), Quantity("110".into())),
+        (
+            "ephemeral-storage".to_string(),
+            Quantity("101430960Ki".into()),
+        ),
+    ]);
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(K8sNodeSpec {
+            pod_cidr: Some(n.pod_cidr.to_string()),
+            pod_cidrs: Some(vec![n.pod_cidr.to_string()]),
+            taints: Some(taints),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            addresses: Some(addresses),
+            conditions: Some(vec![
+                condition(
+                    "MemoryPressure",
+                    "False",
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                ),
+                condition(
+                    "DiskPressure",
+                    "False",
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure",
+                ),
+                condition(
+                    "PIDPressure",
+                    "False",
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available",
+                ),
+                condition(
+                    "Ready",
+                    "True",
+                    "KubeletReady",
+                    "kubelet is posting ready status",
+                ),
+            ]),
+            capacity: Some(resources.clone()),
+            allocatable: Some(resources),
+            node_info: Some(NodeSystemInfo {
+                architecture: "amd64".into(),
+                boot_id: format!("boot-{name}"),
+                container_runtime_version: "containerd://2.0.5".into(),
+                kernel_version: "6.8.0-sandbox".into(),
+                kube_proxy_version: String::new(),
+                kubelet_version: "v1.35.0".into(),
+                machine_id: format!("machine-{name}"),
+                operating_system: "linux".into(),
+                os_image: "Ubuntu 24.04.2 LTS".into(),
+                system_uuid: format!("uuid-{name}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn service_object(s: &ServiceSpec) -> Service {
+    let selector = if s.labels.contains_key("app") {
+        BTreeMap::from([("app".to_string(), s.labels["app"].clone())])
+    } else {
+        BTreeMap::from([("app".to_string(), s.name.clone())])
+    };
+    Service {
+        metadata: ObjectMeta {
+            name: Some(s.name.clone()),
+            namespace: Some(s.namespace.clone()),
+            labels: (!s.labels.is_empty()).then(|| s.labels.clone()),
+            annotations: (!s.annotations.is_empty()).then(|| s.annotations.clone()),
+            ..Default::default()
+        },
+        spec: Some(K8sServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            selector: Some(selector),
+            load_balancer_class: s.load_balancer_class.clone(),
+            load_balancer_ip: s.load_balancer_ip.clone(),
+            ports: Some(
+                s.ports
+                    .iter()
+                    .map(|p| ServicePort {
+                        name: p.name.clone(),
+                        port: p.port as i32,
+                        target_port: Some(IntOrString::Int(p.target_port.unwrap_or(p.port) as i32)),
+                        protocol: Some(p.protocol.clone()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scene(text: &str) -> Result<Scene, Vec<String>> {
+        Scenario::parse(text)
+            .map_err(|e| vec![e])?
+            .into_scene("test".into(), None, true)
+            .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn generated_scene_is_valid_and_realistic() {
+        let s = Scenario::generate(20, 5)
+            .into_scene("generated".into(), None, true)
+            .unwrap();
+        assert_eq!(s.nodes.len(), 20);
+        assert_eq!(s.services.len(), 5);
+        let cidrs: BTreeSet<String> = s.nodes.iter().map(|n| n.pod_cidr.to_string()).collect();
+        assert_eq!(cidrs.len(), 20, "distinct pod CIDRs");
+        assert!(cidrs.contains("10.244.0.0/24") && cidrs.contains("10.244.19.0/24"));
+        let provided = s.nodes.iter().filter(|n| n.provided_ip.is_some()).count();
+        assert!(
+            provided > 0 && provided < 20,
+            "some nodes have a provided IP: {provided}"
+        );
+        for n in &s.nodes {
+            if let Some(ip) = n.provided_ip {
+                assert_eq!(
+                    ip, n.internal_ip,
+                    "{}: the demo cloud knows the provided IP",
+                    n.spec.name
+                );
+            }
+        }
+        let ips: BTreeSet<IpAddr> = s.nodes.iter().map(|n| n.internal_ip).collect();
+        assert_eq!(ips.len(), 20, "distinct InternalIPs");
+        let foreign: Vec<_> = s
+            .services
+            .iter()
+            .filter(|s| s.load_balancer_class.is_some())
+            .collect();
+        assert_eq!(foreign.len(), 1);
+        assert_eq!(foreign[0].name, FOREIGN_SERVICE);
+        let nodes = s.node_objects();
+        let cp = &nodes[0];
+        assert!(cp
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key(EXCLUDE_LB_LABEL));
+        let taints = cp.spec.as_ref().unwrap().taints.as_ref().unwrap();
+        assert_eq!(taints[0].key, UNINITIALIZED_TAINT);
+        assert_eq!(taints[0].effect, "NoSchedule");
+        let other = Scenario::generate(3, 1)
+            .without_demo_cloud()
+            .into_scene("g".into(), None, false)
+            .unwrap();
+        assert!(other
+            .nodes
+            .iter()
+            .all(|n| n.provided_ip.is_none() && n.spec.zone.is_none()));
+        // One service, one node: no foreign class, no control plane.
+        let small = Scenario::generate(1, 1)
+            .into_scene("g".into(), None, true)
+            .unwrap();
+        assert!(small.services[0].load_balancer_class.is_none());
+        assert!(small.nodes[0].spec.labels.is_empty());
+    }
+
+    #[test]
+    fn explicit_pod_cidrs_are_kept_and_the_rest_fill_free_ranges() {
+        let s = scene(
+            "clusterCIDR: 10.8.0.0/22\nnodes:\n- {name: a, podCIDR: 10.8.0.0/24}\n- {name: b}\n- {name: c, podCIDR: 10.8.1.0/24}\n",
+        )
+        .unwrap();
+        let got: Vec<String> = s.nodes.iter().map(|n| n.pod_cidr.to_string()).collect();
+        assert_eq!(got, ["10.8.0.0/24", "10.8.2.0/24", "10.8.1.0/24"]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_place() {
+        let errs = scene(
+            r#"
+clusterCIDR: 10.8.0.0/23
+nodes:
+- {name: a, providedIP: 10.0.0.300, podCIDR: 10.9.0.0/24}
+- {name: a, taints: [{key: x, effect: Sometimes}]}
+- {name: c}
+- {name: d}
+services:
+- {name: web, ports: []}
+- {name: web}
+- name: api
+  loadBalancerClass: ""
+  ports: [{port: 0, protocol: ICMP}, {port: 80}]
+cloudConfig: [1, 2]
+"#,
+        )
+        .unwrap_err();
+        let expected = [
+            "cloudConfig: must be a mapping of the provider's configuration keys, got a list",
+            "nodes[0].providedIP: \"10.0.0.300\" is not an IP address (one address, as the kubelet's --node-ip)",
+            "nodes[0].podCIDR: 10.9.0.0/24 is not inside the cluster CIDR 10.8.0.0/23",
+            "nodes[1].name: duplicate node name \"a\"",
+            "nodes[1].taints[0].effect: \"Sometimes\" is not one of NoSchedule, PreferNoSchedule, NoExecute",
+            "clusterCIDR 10.8.0.0/23 has room for 2 more /24 pod ranges, but 3 nodes need one; use a larger cluster CIDR",
+            "services[0].ports: a LoadBalancer service needs at least one port",
+            "services[1].name: duplicate service default/web",
+            "services[2].ports[0].port: 0 is not between 1 and 65535",
+            "services[2].ports[0].protocol: \"ICMP\" is not one of TCP, UDP, SCTP",
+            "services[2].ports[0].name: required when a service has more than one port",
+            "services[2].ports[1].name: required when a service has more than one port",
+            "services[2].loadBalancerClass: cannot be empty (leave it out for the default class)",
+        ];
+        assert_eq!(errs, expected);
+    }
+
+    #[test]
+    fn unknown_keys_and_demo_only_fields_are_refused() {
+        let e = Scenario::parse("nodes:\n- name: a\n  zoen: x\n").unwrap_err();
+        assert!(e.contains("unknown field `zoen`"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+        let e = Scenario::parse("nodez: []\n").unwrap_err();
+        assert!(e.contains("unknown field `nodez`, expected one of"), "{e}");
+        let errs = Scenario::parse("nodes:\n- {name: a, zone: z1}\n")
+            .unwrap()
+            .into_scene("s".into(), None, false)
+            .unwrap_err()
+            .0;
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].starts_with("nodes[0].zone: only applies to the built-in demo cloud"));
+        let errs = Scenario::default()
+            .into_scene("s".into(), Some("10.244.0.1/16"), true)
+            .unwrap_err()
+            .0;
+        assert_eq!(
+            errs,
+            ["--cluster-cidr: \"10.244.0.1/16\" has host bits set (did you mean 10.244.0.0/16?)"]
+        );
+    }
+
+    #[test]
+    fn the_example_scenario_is_valid() {
+        let s = Scenario::parse(include_str!("example-scenario.yaml"))
+            .unwrap()
+            .into_scene("example".into(), None, true)
+            .unwrap();
+        assert_eq!(s.cluster_cidr.to_string(), "10.100.0.0/16");
+        assert_eq!(s.nodes.len(), 4);
+        assert_eq!(s.services.len(), 3);
+        assert_eq!(s.namespaces()[0].metadata.name.as_deref(), Some("shop"));
+        let worker_a = &s.nodes[1];
+        assert_eq!(worker_a.pod_cidr.to_string(), "10.100.21.0/24");
+        assert_eq!(worker_a.internal_ip.to_string(), "10.1.0.21");
+        assert_eq!(s.cloud_config.as_ref().unwrap()["ipPool"], "198.18.0.0/16");
+    }
+
+    #[test]
+    fn demo_cloud_describes_every_node_and_takes_the_overlay() {
+        let mut s = scene(
+            "nodes:\n- {name: a, providedIP: 10.0.0.12, zone: z9, externalIP: 203.0.113.5}\n- {name: b}\ncloudConfig:\n  errors:\n    EnsureLoadBalancer: {kind: other}\n",
+        )
+        .unwrap();
+        let c = s.demo_cloud_config("kubernetes", Path::new("/state"));
+        assert_eq!(c["stateDir"], "/state");
+        assert_eq!(c["instances"][0]["zone"], "z9");
+        assert_eq!(c["instances"][0]["addresses"][0]["address"], "10.0.0.12");
+        assert_eq!(c["instances"][0]["addresses"][1]["address"], "203.0.113.5");
+        // b's generated address skips a's provided one.
+        assert_eq!(c["instances"][1]["addresses"][0]["address"], "10.0.0.13");
+        assert_eq!(c["errors"]["EnsureLoadBalancer"]["kind"], "other");
+        assert_eq!(c["autoInstances"], true);
+        s.cloud_config = Some(serde_json::from_value(json!({"stateDir": "/mine"})).unwrap());
+        assert_eq!(
+            s.demo_cloud_config("k", Path::new("/state"))["stateDir"],
+            "/mine"
+        );
+    }
+}
