@@ -499,3 +499,103 @@ fn kubectl_works_against_the_running_sandbox() {
     assert!(summary.starts_with("Sandbox converged"), "{summary}");
     assert!(summary.contains("fake://node-04"), "{summary}");
 }
+
+#[test]
+fn controllers_that_stop_end_the_wait_with_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("no-credentials.yaml");
+    std::fs::write(
+        &scenario,
+        "nodes:\n- {name: n1}\ncloudConfig:\n  errors:\n    Initialize: {kind: other, message: no credentials}\n",
+    )
+    .unwrap();
+    let out = sandbox(
+        dir.path(),
+        &[
+            "--scenario",
+            scenario.to_str().unwrap(),
+            "--timeout",
+            "10m",
+            "-o",
+            "json",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report = json_report(&out);
+    assert_eq!(out.status.code(), Some(1), "{report:#}\n{stderr}");
+    assert_eq!(
+        report["outcome"],
+        "the controller manager stopped with exit code 1"
+    );
+    assert!(
+        stderr.contains("error: cloud provider Initialize failed: no credentials"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "error: the controller manager stopped (exit code 1) before the scene converged"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn interrupt_before_convergence_exits_130_with_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("stuck.yaml");
+    std::fs::write(
+        &scenario,
+        "nodes:\n- {name: n1}\nservices:\n- {name: web}\ncloudConfig:\n  ensureReturnsNil: true\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .arg("sandbox")
+        .arg("--plugin-dir")
+        .arg(plugin_dir(dir.path()))
+        .args([
+            "--progress",
+            "lines",
+            "-o",
+            "json",
+            "--timeout",
+            "10m",
+            "--scenario",
+        ])
+        .arg(&scenario)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the first progress line: the controllers are running.
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let progress = line.contains("nodes initialised");
+        seen.push(line);
+        if progress {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("nodes initialised")),
+        "{seen:#?}"
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert_eq!(out.status.code(), Some(130), "{seen:#?}\n{rest:#?}");
+    let report = json_report(&out);
+    assert_eq!(report["outcome"], "interrupted");
+    assert_eq!(report["converged"], false);
+    let open = strings(&report["notConverged"]);
+    assert!(
+        open.iter()
+            .any(|p| p.starts_with("service default/web: no load balancer ingress yet")),
+        "{open:#?}"
+    );
+}
