@@ -933,7 +933,10 @@ impl Display {
         let total = p.nodes_total + p.routes_total + p.lbs_total;
         let done = p.nodes_initialised + p.routes_created + p.lbs_ensured;
         let width = 20;
-        let filled = (done * width).checked_div(total).unwrap_or(width).min(width);
+        let filled = (done * width)
+            .checked_div(total)
+            .unwrap_or(width)
+            .min(width);
         format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
     }
 
