@@ -1112,6 +1112,52 @@ async fn deleting_a_service_while_ensure_is_slow_never_leaks_a_load_balancer() {
     assert!(!env.calls("delete").is_empty());
 }
 
+/// Beyond upstream: node changes while the first EnsureLoadBalancer runs do not call
+/// UpdateLoadBalancer on a load balancer that does not exist yet (upstream does, and real clouds
+/// answer "not found" with an UpdateLoadBalancerFailed event); the service is re-ensured with
+/// the current hosts instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_changes_during_the_first_ensure_re_ensure_instead_of_updating() {
+    let gate = tempfile::NamedTempFile::new().unwrap();
+    let env = Env::start(
+        fake(json!({"pause": {"EnsureLoadBalancer": gate.path()}})),
+        ControllerConfig::default(),
+        &["n1"],
+    )
+    .await;
+    env.run();
+    env.h
+        .server
+        .controls()
+        .seed(svc_json("first", "LoadBalancer"))
+        .unwrap();
+    eventually("ensure in progress", WAIT, || {
+        (!env.calls("create").is_empty()).then_some(())
+    })
+    .await;
+    env.h.server.controls().seed(node_json("n2")).unwrap();
+    env.node_count(2).await;
+    // A node sync now hands the service back to the service queue and calls nothing.
+    assert_eq!(
+        env.ctrl.sync_nodes().await.into_iter().collect::<Vec<_>>(),
+        [key("first")]
+    );
+    assert!(env.calls("update").is_empty());
+    drop(gate);
+    eventually("the LB has both hosts", WAIT, || {
+        (env.h.cloud().load_balancer(&key("first"))?.hosts == ["n1", "n2"]).then_some(())
+    })
+    .await;
+    assert!(env.calls("update").is_empty(), "{:?}", env.h.call_names());
+    let evs = env
+        .events_until("first", |e| e.iter().any(|x| x.1 == "EnsuredLoadBalancer"))
+        .await;
+    assert!(
+        !evs.iter().any(|e| e.1 == "UpdateLoadBalancerFailed"),
+        "{evs:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_services_with_eight_workers_each_ensure_once() {
     let env = Env::start(

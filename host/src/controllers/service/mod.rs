@@ -33,7 +33,7 @@
 pub mod node_sync;
 pub mod predicates;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -159,6 +159,8 @@ pub struct ServiceController {
     cache: Mutex<HashMap<String, Arc<Service>>>,
     /// Host sets last sent to the cloud, per service key.
     last_synced: Mutex<node_sync::LastSynced>,
+    /// Services whose EnsureLoadBalancer has succeeded (beyond upstream, see `node_sync_service`).
+    ensured: Mutex<HashSet<String>>,
     service_queue: WorkQueue<String>,
     node_queue: WorkQueue<String>,
 }
@@ -195,6 +197,7 @@ impl ServiceController {
             workers,
             cache: Mutex::default(),
             last_synced: Mutex::default(),
+            ensured: Mutex::default(),
             service_queue: WorkQueue::new("service", MIN_RETRY_DELAY, MAX_RETRY_DELAY)
                 .with_metrics(&ctx.metrics.workqueue),
             node_queue: WorkQueue::new("node", MIN_RETRY_DELAY, MAX_RETRY_DELAY)
@@ -428,6 +431,7 @@ impl ServiceController {
         self.process_load_balancer_delete(&cached).await?;
         lock(&self.cache).remove(key);
         lock(&self.last_synced).remove(key);
+        lock(&self.ensured).remove(key);
         Ok(())
     }
 
@@ -473,6 +477,7 @@ impl ServiceController {
         if let Some(cached) = self.cached_service(key) {
             if cached.metadata.uid != svc.metadata.uid {
                 // Deleted and re-created (without the finalizer) between two syncs.
+                lock(&self.ensured).remove(key);
                 self.process_load_balancer_delete(&cached).await?;
             }
         }
@@ -490,9 +495,13 @@ impl ServiceController {
             Ok(Op::Delete) => {
                 lock(&self.cache).remove(key);
                 lock(&self.last_synced).remove(key);
+                lock(&self.ensured).remove(key);
                 Ok(())
             }
-            Ok(Op::Ensure) => Ok(()),
+            Ok(Op::Ensure) => {
+                lock(&self.ensured).insert(key.to_string());
+                Ok(())
+            }
         }
     }
 
@@ -719,6 +728,19 @@ impl ServiceController {
             return false;
         }
         let key = service_key(svc);
+        // Beyond upstream: a service whose first EnsureLoadBalancer has not succeeded yet (still
+        // running, or failing) has no load balancer to update. Upstream calls
+        // UpdateLoadBalancer anyway, which real clouds answer with "not found" and an
+        // UpdateLoadBalancerFailed event. Here it is handed back to the service queue instead:
+        // the worker re-runs EnsureLoadBalancer with the current hosts once the running sync is
+        // done.
+        if !lock(&self.ensured).contains(&key) {
+            tracing::debug!(
+                controller = NAME,
+                "{key} has no ensured load balancer yet; re-syncing it instead of updating its hosts"
+            );
+            return true;
+        }
         // The shared informer's cache cannot fail to list; the error branch of the plan is kept
         // for parity with upstream's lister.
         let listed = Ok(self.ctx.nodes.list());
