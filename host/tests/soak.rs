@@ -17,7 +17,9 @@
 //! calling the cloud interleaved; no two live replicas believing they lead), and no host crash.
 //! The last line printed has the counts.
 //!
-//! Size and replay: `CCM_SOAK_SEED` (printed at the start), `CCM_SOAK_SECONDS` (churn time,
+//! Size and replay: `CCM_SOAK_SEED` (printed at the start; it fixes every stream of random
+//! choices, while the interleaving with the replicas' own timing still varies from run to run),
+//! `CCM_SOAK_SECONDS` (churn time,
 //! default 25), `CCM_SOAK_SCALE` (population, default 1: about 10 nodes and 8 services). A large
 //! local run: `CCM_SOAK_SECONDS=600 CCM_SOAK_SCALE=20 cargo test -p ccm-host --test soak --
 //! --nocapture`.
@@ -395,7 +397,11 @@ where
 }
 
 struct Driver {
+    /// Random streams per kind of decision, so that a seed replays the same choices of each
+    /// kind even though wall-clock timing interleaves them differently from run to run.
     rng: Rng,
+    api_rng: Rng,
+    cloud_rng: Rng,
     ctl: Controls,
     nodes: Api<Node>,
     services: Api<Service>,
@@ -712,7 +718,7 @@ impl Driver {
             "*", "get", "list", "watch", "create", "update", "patch", "delete",
         ];
         let resources = ["*", "nodes", "services"];
-        match self.rng.below(6) {
+        match self.api_rng.below(6) {
             0 => {
                 self.ctl.drop_watches();
                 inc(&mut self.counts.api_faults, "watch-drop");
@@ -723,30 +729,30 @@ impl Driver {
                 inc(&mut self.counts.api_faults, "watch-expired");
             }
             2 => {
-                let code = *self.rng.pick(&[500, 503]);
-                let n = self.rng.between(1, 4) as u32;
-                let (verb, resource) = (*self.rng.pick(&verbs), *self.rng.pick(&resources));
+                let code = *self.api_rng.pick(&[500, 503]);
+                let n = self.api_rng.between(1, 4) as u32;
+                let (verb, resource) = (*self.api_rng.pick(&verbs), *self.api_rng.pick(&resources));
                 self.ctl.fail_next(n, verb, resource, code);
                 inc(&mut self.counts.api_faults, "5xx");
             }
             3 => {
-                let n = self.rng.between(1, 4) as u32;
-                let (verb, resource) = (*self.rng.pick(&verbs), *self.rng.pick(&resources));
+                let n = self.api_rng.between(1, 4) as u32;
+                let (verb, resource) = (*self.api_rng.pick(&verbs), *self.api_rng.pick(&resources));
                 self.ctl.set_retry_after(1);
                 self.ctl.fail_next(n, verb, resource, 429);
                 inc(&mut self.counts.api_faults, "429");
             }
             4 => {
-                let n = self.rng.between(1, 3) as u32;
-                let resource = *self.rng.pick(&["nodes", "services", "*"]);
+                let n = self.api_rng.between(1, 3) as u32;
+                let resource = *self.api_rng.pick(&["nodes", "services", "*"]);
                 self.ctl.force_conflicts(n, resource);
                 inc(&mut self.counts.api_faults, "conflict");
             }
             _ => {
-                let d = Duration::from_millis(self.rng.between(20, 250));
+                let d = Duration::from_millis(self.api_rng.between(20, 250));
                 self.ctl.set_latency(d);
                 inc(&mut self.counts.api_faults, "latency");
-                return Some(Duration::from_millis(self.rng.between(500, 2500)));
+                return Some(Duration::from_millis(self.api_rng.between(500, 2500)));
             }
         }
         None
@@ -754,31 +760,31 @@ impl Driver {
 
     /// Install one fake cloud fault for a while; returns how long.
     fn provider_fault(&mut self) -> Duration {
-        let method = self.rng.pick(FAULT_METHODS).to_string();
+        let method = self.cloud_rng.pick(FAULT_METHODS).to_string();
         let mut f = FakeConfig::default();
-        match self.rng.below(5) {
+        match self.cloud_rng.below(5) {
             0 => {
-                let n = self.rng.between(1, 4) as u32;
+                let n = self.cloud_rng.between(1, 4) as u32;
                 f.errors
                     .insert(method, ErrorSpec::new(InjectedKind::Other).times(n));
                 inc(&mut self.counts.provider_faults, "error");
             }
             1 => {
-                let after = Duration::from_millis(self.rng.between(500, 2000));
-                let n = self.rng.between(1, 3) as u32;
+                let after = Duration::from_millis(self.cloud_rng.between(500, 2000));
+                let n = self.cloud_rng.between(1, 3) as u32;
                 let lb = [
                     "EnsureLoadBalancer",
                     "UpdateLoadBalancer",
                     "EnsureLoadBalancerDeleted",
                 ];
                 f.errors.insert(
-                    self.rng.pick(&lb).to_string(),
+                    self.cloud_rng.pick(&lb).to_string(),
                     ErrorSpec::retry_after(after).times(n),
                 );
                 inc(&mut self.counts.provider_faults, "retry-after");
             }
             2 => {
-                let d = Duration::from_millis(self.rng.between(50, 600));
+                let d = Duration::from_millis(self.cloud_rng.between(50, 600));
                 f.latency.insert("*".into(), GoDuration(d));
                 inc(&mut self.counts.provider_faults, "latency");
             }
@@ -793,7 +799,7 @@ impl Driver {
         }
         self.provider_fault = f;
         self.write_control();
-        Duration::from_millis(self.rng.between(500, 3000))
+        Duration::from_millis(self.cloud_rng.between(500, 3000))
     }
 
     fn clear_provider_fault(&mut self) {
@@ -1064,6 +1070,8 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
     let scale = s.scale as usize;
     let mut driver = Driver {
         rng: Rng::new(s.seed),
+        api_rng: Rng::new(s.seed ^ 0xa5a5_0001),
+        cloud_rng: Rng::new(s.seed ^ 0xa5a5_0002),
         ctl: ctl.clone(),
         nodes: Api::all(server.client()),
         services: Api::namespaced(server.client(), SERVICE_NS),
@@ -1086,7 +1094,9 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
     let mut next_op = Instant::now();
     let mut next_api_fault = started + Duration::from_secs(2);
     let mut next_provider_fault = started + Duration::from_secs(3);
-    let mut next_kill = started + Duration::from_secs(driver.rng.between(6, 10));
+    let mut kill_rng = Rng::new(s.seed ^ 0xa5a5_0003);
+    let mut pace_rng = Rng::new(s.seed ^ 0xa5a5_0004);
+    let mut next_kill = started + Duration::from_secs(kill_rng.between(6, 10));
     let mut api_latency_until: Option<Instant> = None;
     let mut provider_fault_until: Option<Instant> = None;
     let mut last_model_check = Instant::now();
@@ -1095,7 +1105,7 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
         fleet.poll(&ctl, &mut driver.counts);
         if now >= next_op {
             driver.step().await;
-            next_op = now + op_gap.mul_f64(0.5 + driver.rng.below(100) as f64 / 100.0);
+            next_op = now + op_gap.mul_f64(0.5 + pace_rng.below(100) as f64 / 100.0);
         }
         if now - last_model_check > Duration::from_secs(1) {
             driver.notice_host_deletions();
@@ -1109,12 +1119,12 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
             if let Some(d) = driver.api_fault() {
                 api_latency_until = Some(now + d);
             }
-            next_api_fault = now + Duration::from_millis(driver.rng.between(300, 1500));
+            next_api_fault = now + Duration::from_millis(driver.api_rng.between(300, 1500));
         }
         if provider_fault_until.is_some_and(|t| now >= t) {
             driver.clear_provider_fault();
             provider_fault_until = None;
-            next_provider_fault = now + Duration::from_millis(driver.rng.between(500, 2500));
+            next_provider_fault = now + Duration::from_millis(driver.cloud_rng.between(500, 2500));
         }
         if provider_fault_until.is_none() && now >= next_provider_fault {
             provider_fault_until = Some(now + driver.provider_fault());
@@ -1124,7 +1134,7 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
                 fleet.kill_and_restart(slot);
                 driver.counts.kills += 1;
             }
-            next_kill = now + Duration::from_secs(driver.rng.between(6, 14));
+            next_kill = now + Duration::from_secs(kill_rng.between(6, 14));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1214,4 +1224,60 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
         s.seed
     );
     assert!(ops > 0 && leading_processes > 0, "the soak did nothing");
+}
+
+/// Regression (found by the soak, seed 8): an API error while a replica first reads the Lease
+/// made it exit 1; upstream's elector retries, and so must we.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_rides_out_api_errors_while_it_sets_up_the_lease() {
+    let server = ApiServer::start().await.unwrap();
+    let ctl = server.controls();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let plugins = support::plugin_dir(dir.path());
+    ctl.fail_next(3, "get", "leases.coordination.k8s.io", 500);
+    let args: Vec<String> = [
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+        "--cloud-provider",
+        "fake",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--secure-port",
+        "0",
+        "--leader-elect-retry-period",
+        "200ms",
+        "--controllers",
+        "cloud-node",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let mut replica = Replica::start("solo", &args, dir.path().join("solo.log"), "info");
+    let started = Instant::now();
+    tokio::task::block_in_place(|| loop {
+        replica.poll();
+        if let Some(status) = replica.exit {
+            panic!(
+                "the replica exited with {status}:\n{}",
+                replica.facts.tail.join("\n")
+            );
+        }
+        if replica.facts.became_leader && lease_holder(&ctl).is_some() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no leader after 60s:\n{}",
+            replica.facts.tail.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    });
+    let failed = ctl
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "leases.coordination.k8s.io" && r.code == 500)
+        .count();
+    assert_eq!(failed, 3, "the injected lease errors were met");
 }

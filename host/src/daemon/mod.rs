@@ -172,21 +172,34 @@ impl Daemon {
         let grace = lease_secs
             .saturating_sub(self.settings.renew_deadline.as_secs())
             .max(1);
-        let manager = kube_lease_manager::LeaseManagerBuilder::new(
-            self.client.clone(),
-            &self.args.leader_elect_resource_name,
-        )
-        .with_namespace(&self.args.leader_elect_resource_namespace)
-        .with_identity(&self.identity)
-        .with_duration(lease_secs)
-        .with_grace(grace)
-        .build()
-        .await;
-        let manager = match manager {
-            Ok(m) => m,
-            Err(e) => {
-                eprintln!("error: leader election: {e}");
-                return EXIT_FATAL;
+        // Building the manager reads (or creates) the Lease. Like upstream's elector, which
+        // retries every retry period on any API error before it first leads, a failure here is
+        // retried: a 5xx or 429 at start-up must not make the replica exit (found by the soak).
+        let manager = loop {
+            let built = kube_lease_manager::LeaseManagerBuilder::new(
+                self.client.clone(),
+                &self.args.leader_elect_resource_name,
+            )
+            .with_namespace(&self.args.leader_elect_resource_namespace)
+            .with_identity(&self.identity)
+            .with_duration(lease_secs)
+            .with_grace(grace)
+            .build()
+            .await;
+            match built {
+                Ok(m) => break m,
+                Err(e) => {
+                    tracing::error!(
+                        "leader election: cannot get the lease {}/{}: {e}; retrying in {:?}",
+                        self.args.leader_elect_resource_namespace,
+                        self.args.leader_elect_resource_name,
+                        self.settings.retry_period
+                    );
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return 0,
+                        _ = tokio::time::sleep(self.settings.retry_period) => {}
+                    }
+                }
             }
         };
         let (mut leader, lease_task) = manager.watch().await;
