@@ -1145,6 +1145,7 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
     driver.clear_provider_fault();
     let churn_took = started.elapsed();
     let converge_started = Instant::now();
+    let mut next_progress = Duration::from_secs(30);
     let (mut remaining, mut leaked_lbs, mut leaked_routes);
     loop {
         fleet.poll(&ctl, &mut driver.counts);
@@ -1152,6 +1153,15 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
         (remaining, leaked_lbs, leaked_routes) = problems(&driver.model, &ctl, &state_dir);
         if remaining.is_empty() || converge_started.elapsed() > CONVERGE_DEADLINE {
             break;
+        }
+        if converge_started.elapsed() > next_progress {
+            println!(
+                "soak: converging for {:.0?}: {} problems, e.g. {:?}",
+                converge_started.elapsed(),
+                remaining.len(),
+                &remaining[..remaining.len().min(3)]
+            );
+            next_progress += Duration::from_secs(30);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -1280,4 +1290,87 @@ async fn a_replica_rides_out_api_errors_while_it_sets_up_the_lease() {
         .filter(|r| r.resource == "leases.coordination.k8s.io" && r.code == 500)
         .count();
     assert_eq!(failed, 3, "the injected lease errors were met");
+}
+
+/// Regression (found by the soak, seed 11 at scale 5): a service switched from LoadBalancer to
+/// ClusterIP whose cleanup stopped between the finalizer removal and the status clear (the
+/// leader died) kept its load-balancer ingress forever, because no later leader enqueued it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_clears_a_stale_lb_status_left_by_the_previous_one() {
+    let server = ApiServer::start().await.unwrap();
+    let ctl = server.controls();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let plugins = support::plugin_dir(dir.path());
+    // What the previous leader left: no finalizer any more, the old ingress still published.
+    ctl.seed(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "was-lb", "namespace": SERVICE_NS},
+        "spec": {"type": "ClusterIP", "ports": [{"port": 80, "protocol": "TCP"}]}
+    }))
+    .unwrap();
+    let services: Api<Service> = Api::namespaced(server.client(), SERVICE_NS);
+    services
+        .patch_status(
+            "was-lb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.0.7"}]}}})),
+        )
+        .await
+        .unwrap();
+    ctl.seed(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "plain", "namespace": SERVICE_NS},
+        "spec": {"type": "ClusterIP", "ports": [{"port": 80, "protocol": "TCP"}]}
+    }))
+    .unwrap();
+    assert!(
+        ctl.get("services", SERVICE_NS, "was-lb").unwrap()["status"]["loadBalancer"]["ingress"]
+            .is_array()
+    );
+    let args: Vec<String> = [
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+        "--cloud-provider",
+        "fake",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--secure-port",
+        "0",
+        "--leader-elect=false",
+        "--controllers",
+        "service",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let mut replica = Replica::start("solo", &args, dir.path().join("solo.log"), "info");
+    let started = Instant::now();
+    tokio::task::block_in_place(|| loop {
+        replica.poll();
+        assert!(replica.alive(), "{}", replica.facts.tail.join("\n"));
+        let svc = ctl.get("services", SERVICE_NS, "was-lb").unwrap();
+        if svc["status"]["loadBalancer"]["ingress"]
+            .as_array()
+            .is_none_or(|i| i.is_empty())
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the stale ingress is still there after 60s:\n{}",
+            replica.facts.tail.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    });
+    // Only the stale one was touched: the plain ClusterIP service got no write.
+    let writes = |name: &str| {
+        ctl.requests()
+            .iter()
+            .filter(|r| r.resource == "services" && r.name == name && r.verb != "get")
+            .count()
+    };
+    assert_eq!(writes("plain"), 0);
+    assert!(writes("was-lb") >= 1);
 }

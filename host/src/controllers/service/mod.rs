@@ -180,6 +180,17 @@ fn service_key(svc: &Service) -> String {
     predicates::service_key(svc)
 }
 
+/// Not of type LoadBalancer, yet `status.loadBalancer.ingress` is not empty.
+fn stale_lb_status(svc: &Service) -> bool {
+    svc.spec.as_ref().and_then(|s| s.type_.as_deref()) != Some("LoadBalancer")
+        && svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .is_some_and(|ingress| !ingress.is_empty())
+}
+
 fn node_key(node: &Node) -> String {
     node.metadata.name.clone().unwrap_or_default()
 }
@@ -242,7 +253,12 @@ impl ServiceController {
     // ---- event handlers ---------------------------------------------------------------------
 
     fn on_service_added(&self, svc: &Service) {
-        if self.policy.wants_load_balancer(svc) || needs_cleanup(svc) {
+        // Beyond upstream: also a service that is not of type LoadBalancer but still shows a
+        // load-balancer ingress. Its cleanup stopped half-way (the previous leader died between
+        // removing the finalizer and clearing the status, or after a failed status patch), and
+        // upstream never looks at it again; the delete branch of its sync clears the status.
+        // Found by the reliability soak.
+        if self.policy.wants_load_balancer(svc) || needs_cleanup(svc) || stale_lb_status(svc) {
             self.service_queue.add(service_key(svc));
         }
     }
