@@ -61,8 +61,9 @@ where
     }
 }
 
-/// Objects seen and changes held back while a relist is in progress.
-type Relist<K> = (HashSet<ObjectRef<K>>, Vec<Change<K>>);
+/// Objects seen, and the keys (with their previous version) of the changes held back, while a
+/// relist is in progress.
+type Relist<K> = (HashSet<ObjectRef<K>>, Vec<(ObjectRef<K>, Option<Arc<K>>)>);
 
 /// How many changes a slow subscriber may fall behind before it must resync from the store.
 const CHANGE_BUFFER: usize = 16_384;
@@ -97,34 +98,36 @@ where
                 };
                 let reader = writer.as_reader();
                 match &event {
+                    // Changes carry the store's own `Arc`s (read back after applying), so the
+                    // cache and the change buffer share one copy of each object.
                     Event::Apply(obj) => {
                         let key = ObjectRef::from_obj(obj);
-                        let new = Arc::new(obj.clone());
-                        let change = match reader.get(&key) {
+                        let old = reader.get(&key);
+                        writer.apply_watcher_event(&event);
+                        let new = reader.get(&key).unwrap_or_else(|| Arc::new(obj.clone()));
+                        let _ = tx.send(match old {
                             Some(old) => Change::Updated { old, new },
                             None => Change::Added(new),
-                        };
-                        writer.apply_watcher_event(&event);
-                        let _ = tx.send(change);
+                        });
                     }
                     Event::Delete(obj) => {
+                        let old = reader.get(&ObjectRef::from_obj(obj));
                         writer.apply_watcher_event(&event);
-                        let _ = tx.send(Change::Deleted(Arc::new(obj.clone())));
+                        let _ = tx.send(Change::Deleted(
+                            old.unwrap_or_else(|| Arc::new(obj.clone())),
+                        ));
                     }
                     Event::Init => {
                         relist = Some((HashSet::new(), Vec::new()));
                         writer.apply_watcher_event(&event);
                     }
                     Event::InitApply(obj) => {
+                        // The store buffers relisted objects until InitDone; the change is
+                        // built then, from the store's copy.
                         let key = ObjectRef::from_obj(obj);
-                        let new = Arc::new(obj.clone());
-                        let change = match reader.get(&key) {
-                            Some(old) => Change::Updated { old, new },
-                            None => Change::Added(new),
-                        };
                         if let Some((seen, pending)) = relist.as_mut() {
+                            pending.push((key.clone(), reader.get(&key)));
                             seen.insert(key);
-                            pending.push(change);
                         }
                         writer.apply_watcher_event(&event);
                     }
@@ -136,8 +139,14 @@ where
                             .filter(|o| !seen.contains(&ObjectRef::from_obj(o.as_ref())))
                             .collect();
                         writer.apply_watcher_event(&event);
-                        for change in pending {
-                            let _ = tx.send(change);
+                        for (key, old) in pending {
+                            let Some(new) = reader.get(&key) else {
+                                continue;
+                            };
+                            let _ = tx.send(match old {
+                                Some(old) => Change::Updated { old, new },
+                                None => Change::Added(new),
+                            });
                         }
                         for obj in gone {
                             let _ = tx.send(Change::Deleted(obj));
