@@ -58,7 +58,8 @@ impl Default for ControllerConfig {
             cluster_name: "kubernetes".into(),
             node_monitor_period: Duration::from_secs(5),
             node_status_update_frequency: Duration::from_secs(300),
-            concurrent_node_syncs: 1,
+            // Beyond upstream (1), like the `ccm-host run` default: see BENCHMARKS.md.
+            concurrent_node_syncs: 64,
             concurrent_node_status_updates: 0,
             concurrent_service_syncs: 1,
             route_reconciliation_period: Duration::from_secs(10),
