@@ -19,10 +19,12 @@
 //!
 //! Size and replay: `CCM_SOAK_SEED` (printed at the start; it fixes every stream of random
 //! choices, while the interleaving with the replicas' own timing still varies from run to run),
-//! `CCM_SOAK_SECONDS` (churn time,
-//! default 25), `CCM_SOAK_SCALE` (population, default 1: about 10 nodes and 8 services). A large
-//! local run: `CCM_SOAK_SECONDS=600 CCM_SOAK_SCALE=20 cargo test -p ccm-host --test soak --
-//! --nocapture`.
+//! `CCM_SOAK_SECONDS` (churn time, default 25), `CCM_SOAK_SCALE` (population and pace, default
+//! 1: about 10 nodes and 8 services, 5 operations/s). The CI default takes about 30 s. A large
+//! local run: `CCM_SOAK_SECONDS=600 CCM_SOAK_SCALE=20 cargo test -p ccm-host --test soak
+//! soak_churn -- --nocapture`.
+//!
+//! The two `a_*` tests below are regressions for host bugs the soak found.
 
 mod support;
 
@@ -1202,10 +1204,12 @@ async fn soak_churn_faults_and_leader_kills_converge_without_leaks() {
     report("crashes", &fleet.crashes);
     println!(
         "soak: churn {churn_took:.1?}, converged in {converged_after:.1?}; {} cloud calls by {leading_processes} leading processes; \
-         {} host deletions of gone NotReady nodes; driver retries {}",
+         {} host deletions of gone NotReady nodes; driver retries {}; {} ERROR lines in {} replica logs",
         calls.len(),
         driver.model.host_deleted.len() - wrongful.len(),
-        c.driver_retries
+        c.driver_retries,
+        fleet.slots.iter().chain(&fleet.ended).map(|r| r.facts.errors).sum::<u64>(),
+        fleet.slots.len() + fleet.ended.len(),
     );
     println!(
         "soak: seed={} ops={ops} ({}) faults={} (api: {}; provider: {}; leader kills={}) \
@@ -1373,4 +1377,36 @@ async fn a_new_leader_clears_a_stale_lb_status_left_by_the_previous_one() {
     };
     assert_eq!(writes("plain"), 0);
     assert!(writes("was-lb") >= 1);
+}
+
+/// The soak's two-leader detector on synthetic call logs.
+#[test]
+fn call_log_check_flags_interleaved_leaders() {
+    let log = |calls: &[(u32, &str)]| -> Vec<CallRecord> {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, (pid, call))| CallRecord {
+                seq: i as u64 + 1,
+                call: call.to_string(),
+                provider: "fake".into(),
+                args: Value::Null,
+                at_ms: 0,
+                pid: *pid,
+            })
+            .collect()
+    };
+    let handover = log(&[
+        (1, "initialize"),
+        (1, "create"),
+        (2, "initialize"),
+        (2, "update"),
+    ]);
+    assert_eq!(call_log_leader_violations(&handover), (vec![], 2));
+    let interleaved = log(&[(1, "initialize"), (2, "initialize"), (1, "create")]);
+    let (problems, _) = call_log_leader_violations(&interleaved);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("process 1 called the cloud again"));
+    let (problems, _) = call_log_leader_violations(&log(&[(3, "create")]));
+    assert!(problems[0].contains("not initialize"), "{problems:?}");
 }

@@ -1,12 +1,12 @@
-//! Helpers for tests that run `ccm-host` as real processes: the fake plugin built by cargo, free
-//! ports, a seeded random generator, and host replicas whose log goes to a file and is parsed
-//! as it grows.
+//! Helpers for tests that run `ccm-host` as real processes: the fake plugin built by cargo, a
+//! seeded random generator, and host replicas whose log goes to a file and is parsed as it
+//! grows.
 
+// Shared by test targets that each use only part of it.
 #![allow(dead_code)]
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Instant;
@@ -29,15 +29,6 @@ pub fn plugin_dir(dir: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
     plugins
-}
-
-/// A TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// SplitMix64: a small, seedable generator whose sequence never changes between versions, so a
