@@ -294,6 +294,7 @@ async fn a_hung_method_times_out_and_the_plugin_sees_the_cancellation() {
     let registry = load(dir.path());
     let options = ProviderOptions {
         call_timeout: Duration::from_millis(200),
+        ..ProviderOptions::default()
     };
     let provider = registry.create("misbehaving", None, &options).unwrap();
     let err = provider.instance_shutdown(&node("n1")).await.unwrap_err();
