@@ -20,14 +20,11 @@
 //! host's log to), `BENCH_HOST_WRAPPER` (a profiler command to run the host under).
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ccm_host::apiserver::ApiServer;
 use serde_json::{json, Value};
-
-const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
 
 fn env_num(name: &str, default: usize) -> usize {
     match std::env::var(name) {
@@ -39,22 +36,9 @@ fn env_num(name: &str, default: usize) -> usize {
     }
 }
 
-/// The fake plugin cargo built for this run (a dev-dependency of ccm-host), copied into `dir`.
-fn plugin_dir(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .into_iter()
-        .map(|d| d.join("libccm_provider_fake.so"))
-        .find(|p| p.is_file())
-        .expect("libccm_provider_fake.so built by cargo");
-    let plugins = dir.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(so, plugins.join("libccm_provider_fake.so")).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
-    plugins
-}
+mod support;
+
+use support::{plugin_dir, BIN};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

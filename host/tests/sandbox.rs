@@ -4,31 +4,16 @@
 //! sandbox while it serves.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
+mod support;
 
-/// The fake plugin cargo built for this test run (a dev-dependency), copied into `dir`.
-fn plugin_dir(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .into_iter()
-        .map(|d| d.join("libccm_provider_fake.so"))
-        .find(|p| p.is_file())
-        .expect("libccm_provider_fake.so built by cargo");
-    let plugins = dir.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(so, plugins.join("libccm_provider_fake.so")).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
-    plugins
-}
+use support::{plugin_dir, BIN};
 
 fn sandbox(dir: &Path, args: &[&str]) -> Output {
     Command::new(BIN)
