@@ -88,24 +88,14 @@ impl Harness {
 
     /// A controller context with fresh shared informers (started now) and `config`.
     pub fn context(&self, config: ControllerConfig) -> ControllerContext {
-        ControllerContext {
-            client: self.client.clone(),
-            provider: self.provider.clone(),
-            nodes: SharedInformer::start(
-                Api::<Node>::all(self.client.clone()),
-                watcher::Config::default(),
-                self.stop.clone(),
-            ),
-            services: SharedInformer::start(
-                Api::<Service>::all(self.client.clone()),
-                watcher::Config::default(),
-                self.stop.clone(),
-            ),
-            metrics: self.metrics.clone(),
-            config: Arc::new(config),
-            host_identity: "test-host".into(),
-            stop: self.stop.clone(),
-        }
+        controller_context(
+            &self.client,
+            &self.provider,
+            &self.metrics,
+            config,
+            "test-host",
+            &self.stop,
+        )
     }
 
     /// The fake provider's state directory.
@@ -184,5 +174,35 @@ where
             panic!("timed out after {timeout:?} waiting for: {what}");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A controller context over `client` with fresh shared node and service informers (started
+/// now, stopped by `stop`).
+pub fn controller_context(
+    client: &kube::Client,
+    provider: &Provider,
+    metrics: &Arc<Metrics>,
+    config: ControllerConfig,
+    host_identity: &str,
+    stop: &CancellationToken,
+) -> ControllerContext {
+    ControllerContext {
+        client: client.clone(),
+        provider: provider.clone(),
+        nodes: SharedInformer::start(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            stop.clone(),
+        ),
+        services: SharedInformer::start(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            stop.clone(),
+        ),
+        metrics: metrics.clone(),
+        config: Arc::new(config),
+        host_identity: host_identity.into(),
+        stop: stop.clone(),
     }
 }

@@ -9,13 +9,9 @@ use std::sync::Arc;
 
 use ccm_host::apiserver::ApiServer;
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::informer::SharedInformer;
 use ccm_host::metrics::Metrics;
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{HostServices, Provider, ProviderOptions};
-use k8s_openapi::api::core::v1::{Node, Service};
-use kube::runtime::watcher;
-use kube::Api;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -93,24 +89,14 @@ impl MetalEnv {
 
     /// A controller context with fresh shared informers (started now) for `provider`.
     pub fn context_for(&self, provider: &Provider, config: ControllerConfig) -> ControllerContext {
-        ControllerContext {
-            client: self.client.clone(),
-            provider: provider.clone(),
-            nodes: SharedInformer::start(
-                Api::<Node>::all(self.client.clone()),
-                watcher::Config::default(),
-                self.stop.clone(),
-            ),
-            services: SharedInformer::start(
-                Api::<Service>::all(self.client.clone()),
-                watcher::Config::default(),
-                self.stop.clone(),
-            ),
-            metrics: self.metrics.clone(),
-            config: Arc::new(config),
-            host_identity: "metal-test-host".into(),
-            stop: self.stop.clone(),
-        }
+        crate::harness::controller_context(
+            &self.client,
+            provider,
+            &self.metrics,
+            config,
+            "metal-test-host",
+            &self.stop,
+        )
     }
 
     /// [`MetalEnv::context_for`] the initial provider.
