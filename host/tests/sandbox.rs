@@ -37,6 +37,26 @@ fn json_report(out: &Output) -> Value {
     })
 }
 
+/// Write `yaml` as a scenario file in `dir` and run the sandbox on it with a JSON report.
+fn sandbox_scenario(dir: &Path, yaml: &str, timeout: &str) -> (Output, Value, String) {
+    let scenario = dir.join("scenario.yaml");
+    std::fs::write(&scenario, yaml).unwrap();
+    let out = sandbox(
+        dir,
+        &[
+            "--scenario",
+            scenario.to_str().unwrap(),
+            "--timeout",
+            timeout,
+            "-o",
+            "json",
+        ],
+    );
+    let report = json_report(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    (out, report, stderr)
+}
+
 fn find<'a>(items: &'a Value, key: &str, value: &str) -> &'a Value {
     items
         .as_array()
@@ -293,25 +313,11 @@ fn bad_input_exits_2_with_the_reason() {
 #[test]
 fn scene_that_cannot_converge_exits_1_naming_what_is_open() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("failing.yaml");
-    std::fs::write(
-        &scenario,
-        "nodes:\n- {name: n1}\n- {name: n2}\nservices:\n- {name: web}\ncloudConfig:\n  errors:\n    EnsureLoadBalancer: {kind: other, message: quota exceeded}\n",
-    )
-    .unwrap();
-    let out = sandbox(
+    let (out, report, stderr) = sandbox_scenario(
         dir.path(),
-        &[
-            "--scenario",
-            scenario.to_str().unwrap(),
-            "--timeout",
-            "15s",
-            "-o",
-            "json",
-        ],
+        "nodes:\n- {name: n1}\n- {name: n2}\nservices:\n- {name: web}\ncloudConfig:\n  errors:\n    EnsureLoadBalancer: {kind: other, message: quota exceeded}\n",
+        "15s",
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report = json_report(&out);
     assert_eq!(out.status.code(), Some(1), "{report:#}\n{stderr}");
     assert_eq!(report["converged"], false);
     assert_eq!(report["outcome"], "timed out after 15s");
@@ -488,25 +494,11 @@ fn kubectl_works_against_the_running_sandbox() {
 #[test]
 fn controllers_that_stop_end_the_wait_with_exit_1() {
     let dir = tempfile::tempdir().unwrap();
-    let scenario = dir.path().join("no-credentials.yaml");
-    std::fs::write(
-        &scenario,
-        "nodes:\n- {name: n1}\ncloudConfig:\n  errors:\n    Initialize: {kind: other, message: no credentials}\n",
-    )
-    .unwrap();
-    let out = sandbox(
+    let (out, report, stderr) = sandbox_scenario(
         dir.path(),
-        &[
-            "--scenario",
-            scenario.to_str().unwrap(),
-            "--timeout",
-            "10m",
-            "-o",
-            "json",
-        ],
+        "nodes:\n- {name: n1}\ncloudConfig:\n  errors:\n    Initialize: {kind: other, message: no credentials}\n",
+        "10m",
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report = json_report(&out);
     assert_eq!(out.status.code(), Some(1), "{report:#}\n{stderr}");
     assert_eq!(
         report["outcome"],
