@@ -72,15 +72,25 @@ impl<K> SharedInformer<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
-    /// Start watching with `api`; the watch runs until `stop` is cancelled.
-    pub fn start(api: Api<K>, config: watcher::Config, stop: CancellationToken) -> Self {
+    /// Start watching with `api`; the watch runs until `stop` is cancelled. `trim` is applied
+    /// to every object before it is cached or sent as a change (see
+    /// `controllers::cache_trim`).
+    pub fn start(
+        api: Api<K>,
+        config: watcher::Config,
+        trim: fn(&mut K),
+        stop: CancellationToken,
+    ) -> Self {
         let mut writer = reflector::store::Writer::<K>::default();
         let store = writer.as_reader();
         let (changes, _) = broadcast::channel(CHANGE_BUFFER);
         let tx = changes.clone();
         let (synced_tx, synced) = watch::channel(false);
         tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+            let mut stream = watcher::watcher(api, config)
+                .default_backoff()
+                .modify(trim)
+                .boxed();
             let mut relist: Option<Relist<K>> = None;
             loop {
                 let event = tokio::select! {

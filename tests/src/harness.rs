@@ -8,15 +8,11 @@ use std::time::{Duration, Instant};
 
 use ccm_host::apiserver::ApiServer;
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::informer::SharedInformer;
 use ccm_host::metrics::Metrics;
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{Provider, ProviderOptions};
 use ccm_provider_fake::config::FakeConfig;
 use ccm_provider_fake::control::{self, CallRecord, FakeState};
-use k8s_openapi::api::core::v1::{Node, Service};
-use kube::runtime::watcher;
-use kube::Api;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -187,22 +183,5 @@ pub fn controller_context(
     host_identity: &str,
     stop: &CancellationToken,
 ) -> ControllerContext {
-    ControllerContext {
-        client: client.clone(),
-        provider: provider.clone(),
-        nodes: SharedInformer::start(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default(),
-            stop.clone(),
-        ),
-        services: SharedInformer::start(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-            stop.clone(),
-        ),
-        metrics: metrics.clone(),
-        config: Arc::new(config),
-        host_identity: host_identity.into(),
-        stop: stop.clone(),
-    }
+    ControllerContext::new(client, provider, metrics, config, host_identity, stop)
 }

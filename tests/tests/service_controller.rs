@@ -1252,3 +1252,111 @@ async fn load_balancer_class_routing_is_opt_in() {
         ["mine"]
     );
 }
+
+// ---- Beyond upstream: trimmed cache and one node-sync key -------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syncing_a_cached_stub_reads_the_whole_service_before_calling_the_cloud() {
+    let env = Env::default(&["n1"]).await;
+    provisioned(&env, "half").await;
+    // The finalizer is gone (removed by hand, or a pre-finalizer controller) and the service is
+    // no longer a LoadBalancer: the cache keeps only a stub of it, but its load balancer exists.
+    let services = env.services();
+    services
+        .patch(
+            "half",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null,
+                                              "annotations": {"example.com/lb-id": "lb-1"}},
+                                 "spec": {"type": "ClusterIP"}})),
+        )
+        .await
+        .unwrap();
+    services
+        .patch_status(
+            "half",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": null}}})),
+        )
+        .await
+        .unwrap();
+    let stub = env
+        .cached("half", ccm_host::controllers::cache_trim::is_service_stub)
+        .await;
+    assert!(stub.metadata.annotations.is_none() && stub.spec.unwrap().ports.is_none());
+    assert_eq!(env.h.cloud().load_balancers.len(), 1);
+
+    env.h.server.controls().clear_requests();
+    env.h.clear_calls();
+    env.ctrl.sync_service(&key("half")).await.expect("sync");
+    let gets: Vec<_> = env
+        .h
+        .server
+        .controls()
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb == "get" && r.resource == "services" && r.name == "half")
+        .collect();
+    assert_eq!(gets.len(), 1, "the whole service is read once");
+    assert_eq!(env.calls("delete").len(), 1);
+    assert!(env.h.cloud().load_balancers.is_empty());
+    env.has_event(
+        "half",
+        "Normal",
+        "DeletedLoadBalancer",
+        "Deleted load balancer",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_changes_during_a_node_sync_queue_one_more_sync_not_one_per_node() {
+    let gate = tempfile::NamedTempFile::new().unwrap();
+    let env = Env::default(&["n1"]).await;
+    env.run();
+    env.h
+        .server
+        .controls()
+        .seed(svc_json("web", "LoadBalancer"))
+        .unwrap();
+    env.cached("web", has_status).await;
+    env.h
+        .set_control(&fake(json!({"pause": {"UpdateLoadBalancer": gate.path()}})));
+    env.h.clear_calls();
+    env.h.server.controls().seed(node_json("n2")).unwrap();
+    eventually("node sync blocked in UpdateLoadBalancer", WAIT, || {
+        env.calls("update").first().cloned()
+    })
+    .await;
+    for i in 3..=22 {
+        env.h
+            .server
+            .controls()
+            .seed(node_json(&format!("n{i}")))
+            .unwrap();
+    }
+    env.node_count(22).await;
+    // Upstream queues the 20 node names; here the one key is marked for one more sync.
+    assert!(
+        env.ctrl.node_queue().len() <= 1,
+        "node queue holds {} keys",
+        env.ctrl.node_queue().len()
+    );
+    drop(gate);
+    let all: Vec<String> = {
+        let mut v: Vec<String> = (1..=22).map(|i| format!("n{i}")).collect();
+        v.sort();
+        v
+    };
+    eventually("the load balancer has every node", WAIT, || {
+        (env.h.cloud().load_balancer(&key("web"))?.hosts == all).then_some(())
+    })
+    .await;
+    let updates = env.calls_for("update", "web");
+    assert_eq!(
+        updates.len(),
+        2,
+        "the blocked update and one more: {updates:?}"
+    );
+    assert_eq!(updates[1], all);
+}

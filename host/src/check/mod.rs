@@ -31,8 +31,6 @@ use ccm_provider_abi::{ErrorKind, ProviderError};
 use clap::Args;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
-use kube::runtime::watcher;
-use kube::Api;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tokio::task::JoinHandle;
@@ -41,7 +39,6 @@ use tokio_util::sync::CancellationToken;
 use crate::apiserver::ApiServer;
 use crate::cli::{OutputFormat, PluginDirArgs};
 use crate::controllers::{ControllerConfig, ControllerContext};
-use crate::informer::SharedInformer;
 use crate::metrics::Metrics;
 use crate::plugin::PluginRegistry;
 use crate::provider::{Capabilities, Provider, ProviderOptions};
@@ -340,24 +337,14 @@ impl Suite {
             concurrent_service_syncs: 2,
             ..ControllerConfig::default()
         };
-        let ctx = ControllerContext {
-            client: client.clone(),
-            provider: provider.clone(),
-            nodes: SharedInformer::start(
-                Api::<Node>::all(client.clone()),
-                watcher::Config::default(),
-                stop.clone(),
-            ),
-            services: SharedInformer::start(
-                Api::<Service>::all(client.clone()),
-                watcher::Config::default(),
-                stop.clone(),
-            ),
-            metrics,
-            config: Arc::new(config),
-            host_identity: "ccm-host-check".into(),
-            stop: stop.clone(),
-        };
+        let ctx = ControllerContext::new(
+            &client,
+            &provider,
+            &metrics,
+            config,
+            "ccm-host-check",
+            &stop,
+        );
         let absent_id = plan.absent_provider_id.clone().unwrap_or_else(|| {
             format!(
                 "{}://ccm-check-absent-{}",

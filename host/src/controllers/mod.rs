@@ -8,10 +8,11 @@
 //! | `route` | `node-route-controller` | `route` |
 //!
 //! Every controller is started with a [`ControllerContext`] and runs until its `stop` token is
-//! cancelled. Controllers read Nodes and Services from the shared informers (one watch each),
-//! call the provider only through [`crate::provider::Provider`], and write through
+//! cancelled. Controllers read Nodes and Services from the shared informers (one watch each,
+//! trimmed by [`cache_trim`]), call the provider only through [`crate::provider::Provider`], and write through
 //! [`crate::patches`] and [`crate::events`].
 
+pub mod cache_trim;
 pub mod node;
 pub mod node_addresses;
 pub mod node_lifecycle;
@@ -22,6 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Service};
+use kube::runtime::watcher;
+use kube::Api;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::EventRecorder;
@@ -91,6 +94,38 @@ pub struct ControllerContext {
 }
 
 impl ControllerContext {
+    /// A context over `client` with the shared node and service informers started now (trimmed
+    /// by [`cache_trim`]) and stopped by `stop`.
+    pub fn new(
+        client: &kube::Client,
+        provider: &Provider,
+        metrics: &Arc<Metrics>,
+        config: ControllerConfig,
+        host_identity: &str,
+        stop: &CancellationToken,
+    ) -> Self {
+        Self {
+            client: client.clone(),
+            provider: provider.clone(),
+            nodes: SharedInformer::start(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                cache_trim::node,
+                stop.clone(),
+            ),
+            services: SharedInformer::start(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                cache_trim::service,
+                stop.clone(),
+            ),
+            metrics: metrics.clone(),
+            config: Arc::new(config),
+            host_identity: host_identity.into(),
+            stop: stop.clone(),
+        }
+    }
+
     /// An event recorder for `component`.
     pub fn recorder(&self, component: &str) -> EventRecorder {
         EventRecorder::new(self.client.clone(), component, &self.host_identity)

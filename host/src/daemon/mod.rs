@@ -17,15 +17,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::{self, ControllerContext};
-use crate::informer::SharedInformer;
 use crate::metrics::Metrics;
 use crate::plugin::PluginRegistry;
 use crate::provider::{HostServices, Provider, ProviderOptions};
@@ -286,26 +283,14 @@ impl Daemon {
             eprintln!("error: cloud provider Initialize failed: {e}");
             return Err(EXIT_FATAL);
         }
-        let nodes = SharedInformer::start(
-            Api::<Node>::all(self.client.clone()),
-            watcher::Config::default(),
-            self.stop.clone(),
+        let ctx = ControllerContext::new(
+            &self.client,
+            &self.provider,
+            &self.metrics,
+            self.settings.controllers.clone(),
+            &self.identity,
+            &self.stop,
         );
-        let services = SharedInformer::start(
-            Api::<Service>::all(self.client.clone()),
-            watcher::Config::default(),
-            self.stop.clone(),
-        );
-        let ctx = ControllerContext {
-            client: self.client.clone(),
-            provider: self.provider.clone(),
-            nodes,
-            services,
-            metrics: self.metrics.clone(),
-            config: Arc::new(self.settings.controllers.clone()),
-            host_identity: self.identity.clone(),
-            stop: self.stop.clone(),
-        };
         let mut handles = Vec::new();
         for name in self.settings.selection.enabled() {
             match start_controller(name, &ctx.for_controller(name.canonical), &self.args) {

@@ -16,6 +16,7 @@ mod call_metrics;
 mod host_services;
 
 use std::any::Any;
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -498,7 +499,7 @@ impl Provider {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[impl Borrow<Node>],
     ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
         let (lb, cluster, svc) = (
             self.lb()?,
@@ -523,7 +524,7 @@ impl Provider {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[impl Borrow<Node>],
     ) -> Result<(), ProviderError> {
         let (lb, cluster, svc) = (
             self.lb()?,
@@ -821,10 +822,11 @@ fn read_key<T: Serialize>(value: &T) -> String {
     v.to_string()
 }
 
-fn nodes_json(nodes: &[Node]) -> Result<Vec<RString>, ProviderError> {
+/// The hosts of a load-balancer call, serialised straight from the caller's (cached) nodes.
+fn nodes_json(nodes: &[impl Borrow<Node>]) -> Result<Vec<RString>, ProviderError> {
     nodes
         .iter()
-        .map(|n| to_json("Node", n).map(RString::from))
+        .map(|n| to_json("Node", n.borrow()).map(RString::from))
         .collect()
 }
 

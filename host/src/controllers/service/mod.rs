@@ -9,7 +9,10 @@
 //!   patched through `services/status`, and only when they change (nil ingress == empty).
 //! - A `service` queue (`--concurrent-service-syncs` workers) and a `node` queue (one worker that
 //!   fans out over the cached load-balancer services with the same parallelism); both back off
-//!   per key from 5 s to 300 s. A provider `RetryAfter` error re-adds the service after exactly
+//!   per key from 5 s to 300 s. (Upstream queues each changed node's name and syncs every
+//!   service for each key; here every node change queues the one key [`NODE_SYNC_KEY`], so any
+//!   number of changes coalesce into one full node sync with the same outcome: see "Deliberate
+//!   differences".) A provider `RetryAfter` error re-adds the service after exactly
 //!   that delay without counting a failure.
 //! - Node sync lists nodes fresh for each service, stores the host set as last-synced before the
 //!   cloud call, and retries failures through a full EnsureLoadBalancer on the service queue.
@@ -29,6 +32,13 @@
 //!   the lock twice), so two node syncs can never interleave between them.
 //! - A panic while syncing a service is turned into a sync error (rate-limited retry) instead of
 //!   killing the worker.
+//! - One node-queue key for all node changes. Each upstream node sync already covers every
+//!   service and every node, so syncing once per changed node only repeats the same work: at
+//!   start-up with 5,000 nodes upstream runs 5,000 full node syncs (O(nodes² × LB services)),
+//!   here one. A change arriving during a sync still queues exactly one more sync.
+//! - The shared cache holds stubs of services that cannot have a load balancer
+//!   ([`crate::controllers::cache_trim`]); syncing such a key reads the whole service from the
+//!   API first, so the provider always gets the whole object.
 
 pub mod node_sync;
 pub mod predicates;
@@ -42,11 +52,13 @@ use ccm_provider_abi::{ErrorKind, ProviderError};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use kube::runtime::reflector::ObjectRef;
+use kube::Api;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 
-use super::{ControllerContext, NotStarted};
+use super::node::kube_error_text;
+use super::{cache_trim, ControllerContext, NotStarted};
 use crate::events::{service_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_not_found, patch_service_status};
@@ -195,6 +207,9 @@ fn node_key(node: &Node) -> String {
     node.metadata.name.clone().unwrap_or_default()
 }
 
+/// The node queue's only key: every node change asks for one full node sync.
+pub const NODE_SYNC_KEY: &str = "node-sync";
+
 impl ServiceController {
     /// Build the controller (upstream `New`): fails when the provider has no LoadBalancer.
     pub fn new(ctx: ControllerContext) -> Result<Arc<Self>, NotStarted> {
@@ -281,13 +296,17 @@ impl ServiceController {
 
     fn on_node_change(&self, change: &Change<Node>) {
         match change {
-            Change::Added(n) | Change::Deleted(n) => self.node_queue.add(node_key(n)),
+            Change::Added(_) | Change::Deleted(_) => self.queue_node_sync(),
             Change::Updated { old, new } => {
                 if should_sync_updated_node(old, new) {
-                    self.node_queue.add(node_key(new));
+                    self.queue_node_sync();
                 }
             }
         }
+    }
+
+    fn queue_node_sync(&self) {
+        self.node_queue.add(NODE_SYNC_KEY.to_string());
     }
 
     /// What a (re)registered handler sees: an add for every cached object.
@@ -295,8 +314,8 @@ impl ServiceController {
         for svc in self.ctx.services.list() {
             self.on_service_added(&svc);
         }
-        for node in self.ctx.nodes.list() {
-            self.node_queue.add(node_key(&node));
+        if !self.ctx.nodes.store().is_empty() {
+            self.queue_node_sync();
         }
     }
 
@@ -429,6 +448,19 @@ impl ServiceController {
             .get(&ObjectRef::new(&name).within(&ns));
         match found {
             None => self.process_service_deletion(key).await,
+            Some(svc) if cache_trim::is_service_stub(&svc) => {
+                // The cache keeps only a stub of a service that cannot have a load balancer;
+                // the provider must get the whole object (annotations, ports, ...).
+                let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), &ns);
+                match api.get_opt(&name).await {
+                    Ok(Some(full)) => self.process_service_create_or_update(full, key).await,
+                    Ok(None) => self.process_service_deletion(key).await,
+                    Err(e) => Err(SyncError::new(format!(
+                        "failed to get service {key}: {}",
+                        kube_error_text(&e)
+                    ))),
+                }
+            }
             Some(svc) => {
                 self.process_service_create_or_update((*svc).clone(), key)
                     .await
@@ -658,11 +690,10 @@ impl ServiceController {
                 NO_NODES_MESSAGE,
             );
         }
-        let hosts: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
-        lock(&self.last_synced).insert(key.to_string(), nodes);
+        lock(&self.last_synced).insert(key.to_string(), nodes.clone());
         self.ctx
             .provider
-            .ensure_load_balancer(self.cluster(), svc, &hosts)
+            .ensure_load_balancer(self.cluster(), svc, &nodes)
             .await
     }
 
@@ -769,7 +800,6 @@ impl ServiceController {
                 true
             }
             node_sync::NodeSyncPlan::Update(hosts) => {
-                let hosts: Vec<Node> = hosts.iter().map(|n| (**n).clone()).collect();
                 match self.update_load_balancer_hosts(svc, &hosts).await {
                     Ok(()) => false,
                     Err(e) => {
@@ -789,7 +819,7 @@ impl ServiceController {
     async fn update_load_balancer_hosts(
         &self,
         svc: &Service,
-        hosts: &[Node],
+        hosts: &[Arc<Node>],
     ) -> Result<(), ProviderError> {
         let started = Instant::now();
         self.ctx.metrics.service_lb_sync_total.inc();
@@ -804,7 +834,7 @@ impl ServiceController {
     async fn update_load_balancer_hosts_inner(
         &self,
         svc: &Service,
-        hosts: &[Node],
+        hosts: &[Arc<Node>],
     ) -> Result<(), ProviderError> {
         let err = match self
             .ctx
