@@ -61,9 +61,21 @@ where
     }
 }
 
-/// Objects seen, and the keys (with their previous version) of the changes held back, while a
-/// relist is in progress.
-type Relist<K> = (HashSet<ObjectRef<K>>, Vec<(ObjectRef<K>, Option<Arc<K>>)>);
+/// A change held back while a relist is in progress: the key, the version the store held
+/// before, and, for an object the cache does not keep, its new version.
+type Pending<K> = (ObjectRef<K>, Option<Arc<K>>, Option<Arc<K>>);
+
+/// Objects seen, and the changes held back, while a relist is in progress.
+type Relist<K> = (HashSet<ObjectRef<K>>, Vec<Pending<K>>);
+
+/// What the cache keeps of each object: the function trims the object in place and returns
+/// whether it is cached at all (see `controllers::cache_trim`).
+///
+/// An object that is not kept is invisible to subscribers, with one exception: when a cached
+/// object changes into one that is not kept, subscribers get `Change::Updated` with the new
+/// version (which is then dropped from the cache), so they can act on the transition; its
+/// later deletion sends nothing.
+pub type Trim<K> = fn(&mut K) -> bool;
 
 /// How many changes a slow subscriber may fall behind before it must resync from the store.
 const CHANGE_BUFFER: usize = 16_384;
@@ -73,12 +85,12 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     /// Start watching with `api`; the watch runs until `stop` is cancelled. `trim` is applied
-    /// to every object before it is cached or sent as a change (see
-    /// `controllers::cache_trim`).
+    /// to every object before it is cached or sent as a change, and decides which objects are
+    /// cached ([`Trim`]).
     pub fn start(
         api: Api<K>,
         config: watcher::Config,
-        trim: fn(&mut K),
+        trim: Trim<K>,
         stop: CancellationToken,
     ) -> Self {
         let mut writer = reflector::store::Writer::<K>::default();
@@ -87,10 +99,7 @@ where
         let tx = changes.clone();
         let (synced_tx, synced) = watch::channel(false);
         tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, config)
-                .default_backoff()
-                .modify(trim)
-                .boxed();
+            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             let mut relist: Option<Relist<K>> = None;
             loop {
                 let event = tokio::select! {
@@ -107,39 +116,62 @@ where
                     }
                 };
                 let reader = writer.as_reader();
-                match &event {
+                match event {
                     // Changes carry the store's own `Arc`s (read back after applying), so the
                     // cache and the change buffer share one copy of each object.
-                    Event::Apply(obj) => {
-                        let key = ObjectRef::from_obj(obj);
+                    Event::Apply(mut obj) => {
+                        let keep = trim(&mut obj);
+                        let key = ObjectRef::from_obj(&obj);
                         let old = reader.get(&key);
-                        writer.apply_watcher_event(&event);
-                        let new = reader.get(&key).unwrap_or_else(|| Arc::new(obj.clone()));
+                        if !keep {
+                            // Not cached: only leaving the cache is a change.
+                            if let Some(old) = old {
+                                let new = Arc::new(obj);
+                                writer.apply_watcher_event(&Event::Delete((*new).clone()));
+                                let _ = tx.send(Change::Updated { old, new });
+                            }
+                            continue;
+                        }
+                        writer.apply_watcher_event(&Event::Apply(obj));
+                        let Some(new) = reader.get(&key) else {
+                            continue;
+                        };
                         let _ = tx.send(match old {
                             Some(old) => Change::Updated { old, new },
                             None => Change::Added(new),
                         });
                     }
                     Event::Delete(obj) => {
-                        let old = reader.get(&ObjectRef::from_obj(obj));
-                        writer.apply_watcher_event(&event);
-                        let _ = tx.send(Change::Deleted(
-                            old.unwrap_or_else(|| Arc::new(obj.clone())),
-                        ));
+                        let Some(old) = reader.get(&ObjectRef::from_obj(&obj)) else {
+                            // Never cached (or not kept).
+                            continue;
+                        };
+                        writer.apply_watcher_event(&Event::Delete(obj));
+                        let _ = tx.send(Change::Deleted(old));
                     }
                     Event::Init => {
                         relist = Some((HashSet::new(), Vec::new()));
-                        writer.apply_watcher_event(&event);
+                        writer.apply_watcher_event(&Event::Init);
                     }
-                    Event::InitApply(obj) => {
+                    Event::InitApply(mut obj) => {
                         // The store buffers relisted objects until InitDone; the change is
                         // built then, from the store's copy.
-                        let key = ObjectRef::from_obj(obj);
+                        let keep = trim(&mut obj);
+                        let key = ObjectRef::from_obj(&obj);
+                        let old = reader.get(&key);
                         if let Some((seen, pending)) = relist.as_mut() {
-                            pending.push((key.clone(), reader.get(&key)));
-                            seen.insert(key);
+                            seen.insert(key.clone());
+                            match (keep, old) {
+                                (true, old) => pending.push((key, old, None)),
+                                (false, Some(old)) => {
+                                    pending.push((key, Some(old), Some(Arc::new(obj.clone()))))
+                                }
+                                (false, None) => {}
+                            }
                         }
-                        writer.apply_watcher_event(&event);
+                        if keep {
+                            writer.apply_watcher_event(&Event::InitApply(obj));
+                        }
                     }
                     Event::InitDone => {
                         let (seen, pending) = relist.take().unwrap_or_default();
@@ -148,9 +180,9 @@ where
                             .into_iter()
                             .filter(|o| !seen.contains(&ObjectRef::from_obj(o.as_ref())))
                             .collect();
-                        writer.apply_watcher_event(&event);
-                        for (key, old) in pending {
-                            let Some(new) = reader.get(&key) else {
+                        writer.apply_watcher_event(&Event::InitDone);
+                        for (key, old, uncached) in pending {
+                            let Some(new) = uncached.or_else(|| reader.get(&key)) else {
                                 continue;
                             };
                             let _ = tx.send(match old {

@@ -12,6 +12,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> ExitCode {
+    ccm_host::malloc::tune();
     let cli = Cli::parse();
     // The sandbox shows its own progress: only warnings and errors by default.
     let quiet = matches!(cli.command, Command::Sandbox(_));

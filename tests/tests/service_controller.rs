@@ -249,7 +249,14 @@ async fn provisioned(env: &Env, name: &str) -> Service {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_cluster_ip_service_deletes_nothing_and_writes_nothing() {
     let env = Env::default(&["n1"]).await;
-    env.seed(svc_json("cip", "ClusterIP")).await;
+    // Not cached (it cannot have a load balancer): seen once a later service is.
+    env.h
+        .server
+        .controls()
+        .seed(svc_json("cip", "ClusterIP"))
+        .unwrap();
+    env.seed(svc_json("marker", "LoadBalancer")).await;
+    assert!(env.ctx.services.list().len() == 1);
     env.ctrl.sync_service(&key("cip")).await.expect("sync");
     assert!(
         env.calls("create").is_empty()
@@ -1256,22 +1263,21 @@ async fn load_balancer_class_routing_is_opt_in() {
 // ---- Beyond upstream: trimmed cache and one node-sync key -------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn syncing_a_cached_stub_reads_the_whole_service_before_calling_the_cloud() {
+async fn a_load_balancer_service_leaving_the_cache_has_its_load_balancer_deleted() {
     let env = Env::default(&["n1"]).await;
-    provisioned(&env, "half").await;
-    // The finalizer is gone (removed by hand, or a pre-finalizer controller) and the service is
-    // no longer a LoadBalancer: the cache keeps only a stub of it, but its load balancer exists.
-    let services = env.services();
-    services
-        .patch(
-            "half",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null,
-                                              "annotations": {"example.com/lb-id": "lb-1"}},
-                                 "spec": {"type": "ClusterIP"}})),
-        )
-        .await
+    env.run();
+    env.h
+        .server
+        .controls()
+        .seed(svc_json("half", "LoadBalancer"))
         .unwrap();
+    env.cached("half", |s| has_status(s) && has_finalizer(s))
+        .await;
+    assert_eq!(env.h.cloud().load_balancers.len(), 1);
+    // The ingress is cleared and the finalizer removed by hand, then the service turns
+    // ClusterIP: it can no longer have a load balancer, so the cache lets it go, but its load
+    // balancer still exists and must be deleted (upstream: needsUpdate, then the delete op).
+    let services = env.services();
     services
         .patch_status(
             "half",
@@ -1280,32 +1286,43 @@ async fn syncing_a_cached_stub_reads_the_whole_service_before_calling_the_cloud(
         )
         .await
         .unwrap();
-    let stub = env
-        .cached("half", ccm_host::controllers::cache_trim::is_service_stub)
+    services
+        .patch(
+            "half",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    env.cached("half", |s| !has_status(s) && !has_finalizer(s))
         .await;
-    assert!(stub.metadata.annotations.is_none() && stub.spec.unwrap().ports.is_none());
-    assert_eq!(env.h.cloud().load_balancers.len(), 1);
-
-    env.h.server.controls().clear_requests();
-    env.h.clear_calls();
-    env.ctrl.sync_service(&key("half")).await.expect("sync");
-    let gets: Vec<_> = env
-        .h
-        .server
-        .controls()
-        .requests()
-        .into_iter()
-        .filter(|r| r.verb == "get" && r.resource == "services" && r.name == "half")
-        .collect();
-    assert_eq!(gets.len(), 1, "the whole service is read once");
-    assert_eq!(env.calls("delete").len(), 1);
-    assert!(env.h.cloud().load_balancers.is_empty());
+    services
+        .patch(
+            "half",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
+        )
+        .await
+        .unwrap();
+    env.gone_from_cache("half").await;
+    eventually("the load balancer is deleted", WAIT, || {
+        env.h.cloud().load_balancers.is_empty().then_some(())
+    })
+    .await;
     env.has_event(
         "half",
         "Normal",
         "DeletedLoadBalancer",
         "Deleted load balancer",
     )
+    .await;
+    assert!(env.stored("half").is_some(), "the service itself stays");
+    eventually("the controller forgets it", WAIT, || {
+        env.ctrl
+            .cached_service(&key("half"))
+            .is_none()
+            .then_some(())
+    })
     .await;
 }
 

@@ -9,15 +9,17 @@
 //! - from every object: `metadata.managedFields` and the
 //!   `kubectl.kubernetes.io/last-applied-configuration` annotation (client-side bookkeeping
 //!   that copies the whole object);
-//! - from nodes: `status.images`, `status.volumesInUse`, `status.volumesAttached` and
-//!   `status.config` (kubelet bookkeeping: ~35% of a node's cached bytes with ten images);
-//! - from services that are not of type LoadBalancer, carry no load-balancer finalizer and
-//!   show no load-balancer ingress (the services the service controller never provisions,
-//!   ~99% of a typical cluster's): everything but the identity and the fields its predicates
-//!   read (name, namespace, uid, resourceVersion, generation, creation and deletion
-//!   timestamps, finalizers, `spec.type`, `spec.loadBalancerClass`). Such a copy is a *stub*
-//!   ([`is_service_stub`]); the service controller reads the full object from the API before it
-//!   hands a stub's service to the provider.
+//! - from nodes: `status.images`, `status.volumesInUse`, `status.volumesAttached`,
+//!   `status.config`, `status.capacity` and `status.allocatable` (kubelet and scheduler
+//!   bookkeeping: half of a node's cached bytes with ten images, each resource map alone
+//!   costing ~0.6 KB);
+//! - services that cannot have a load balancer (not of type LoadBalancer, no load-balancer
+//!   finalizer, no load-balancer ingress: ~99% of a typical cluster's services) are not cached
+//!   at all ([`crate::informer::Trim`]). Even an empty `Service` costs ~1.2 KB in the cache
+//!   (the typed struct and the index key), 12 MiB for 10,000 of them. The service controller
+//!   loses nothing: a service entering the set is seen as added (its handlers queue exactly what
+//!   they queue for an update from a non-LoadBalancer version), a service leaving it is seen as
+//!   updated and then missing, which is the deletion path upstream takes for it too.
 //!
 //! Objects handed to providers come from these caches, so a provider never sees the dropped
 //! fields (documented in `docs/writing-a-provider.md`). Writes never send a cached object's
@@ -25,7 +27,7 @@
 //! server ignores `status` there and keeps `managedFields` when the field is absent), and every
 //! other write is a patch.
 
-use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::service::predicates::has_lb_finalizer;
@@ -40,21 +42,23 @@ fn trim_metadata(meta: &mut ObjectMeta) {
     }
 }
 
-/// Trim a node for the shared cache.
-pub fn node(node: &mut Node) {
+/// Trim a node for the shared cache (every node is cached).
+pub fn node(node: &mut Node) -> bool {
     trim_metadata(&mut node.metadata);
     if let Some(status) = node.status.as_mut() {
         status.images = None;
         status.volumes_in_use = None;
         status.volumes_attached = None;
         status.config = None;
+        status.capacity = None;
+        status.allocatable = None;
     }
+    true
 }
 
 /// Whether the service controller may act on `svc`'s load balancer: a LoadBalancer service
-/// (of any class), one holding the cleanup finalizer, or one still showing an ingress. These
-/// stay whole in the cache.
-fn may_have_load_balancer(svc: &Service) -> bool {
+/// (of any class), one holding the cleanup finalizer, or one still showing an ingress.
+pub fn may_have_load_balancer(svc: &Service) -> bool {
     let type_ = svc.spec.as_ref().and_then(|s| s.type_.as_deref());
     let ingress = svc
         .status
@@ -65,40 +69,11 @@ fn may_have_load_balancer(svc: &Service) -> bool {
     type_ == Some("LoadBalancer") || has_lb_finalizer(svc) || ingress
 }
 
-/// Trim a service for the shared cache: whole (less managedFields and the last-applied
-/// annotation) when it may have a load balancer, a stub otherwise.
-pub fn service(svc: &mut Service) {
+/// Trim a service for the shared cache; only services that may have a load balancer are
+/// cached.
+pub fn service(svc: &mut Service) -> bool {
     trim_metadata(&mut svc.metadata);
-    if may_have_load_balancer(svc) {
-        return;
-    }
-    let meta = std::mem::take(&mut svc.metadata);
-    let spec = svc.spec.take().unwrap_or_default();
-    *svc = Service {
-        metadata: ObjectMeta {
-            name: meta.name,
-            namespace: meta.namespace,
-            uid: meta.uid,
-            resource_version: meta.resource_version,
-            generation: meta.generation,
-            creation_timestamp: meta.creation_timestamp,
-            deletion_timestamp: meta.deletion_timestamp,
-            finalizers: meta.finalizers,
-            ..ObjectMeta::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: spec.type_,
-            load_balancer_class: spec.load_balancer_class,
-            ..ServiceSpec::default()
-        }),
-        status: None,
-    };
-}
-
-/// Whether `svc` (a cached copy) is a stub: its full object must be read from the API before
-/// it is handed to a provider. A stub and the object it came from give the same answer.
-pub fn is_service_stub(svc: &Service) -> bool {
-    !may_have_load_balancer(svc)
+    may_have_load_balancer(svc)
 }
 
 #[cfg(test)]
@@ -111,27 +86,18 @@ mod tests {
     }
 
     #[test]
-    fn clusterip_service_becomes_a_stub_with_the_fields_the_controller_reads() {
-        let mut s = svc(json!({
-            "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
-                         "labels": {"app": "a"}, "finalizers": ["example.com/other"],
-                         "annotations": {"note": "x"}},
-            "spec": {"type": "ClusterIP", "ports": [{"port": 80}], "selector": {"app": "a"},
-                     "clusterIP": "10.0.0.1"},
-            "status": {"loadBalancer": {}}
-        }));
-        assert!(is_service_stub(&s));
-        service(&mut s);
-        assert_eq!(
-            serde_json::to_value(&s).unwrap(),
-            json!({
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
-                             "finalizers": ["example.com/other"]},
-                "spec": {"type": "ClusterIP"}
-            })
-        );
-        assert!(is_service_stub(&s), "a stub is recognised as one");
+    fn services_that_cannot_have_a_load_balancer_are_not_cached() {
+        for v in [
+            json!({"metadata": {"name": "a", "finalizers": ["example.com/other"]},
+                   "spec": {"type": "ClusterIP", "ports": [{"port": 80}]},
+                   "status": {"loadBalancer": {}}}),
+            json!({"metadata": {"name": "np"}, "spec": {"type": "NodePort"},
+                   "status": {"loadBalancer": {"ingress": []}}}),
+            json!({"metadata": {"name": "ext"}, "spec": {"type": "ExternalName", "externalName": "x"}}),
+            json!({"metadata": {"name": "no-spec"}}),
+        ] {
+            assert!(!service(&mut svc(v.clone())), "{v}");
+        }
     }
 
     #[test]
@@ -145,8 +111,7 @@ mod tests {
                    "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}}),
         ] {
             let mut s = svc(v.clone());
-            assert!(!is_service_stub(&s));
-            service(&mut s);
+            assert!(service(&mut s), "{v}");
             assert_eq!(serde_json::to_value(&s).unwrap(), v);
         }
     }
@@ -165,17 +130,24 @@ mod tests {
                                     "kubeletVersion": "v", "kubeProxyVersion": "v",
                                     "operatingSystem": "linux", "architecture": "amd64"},
                        "images": [{"names": ["i"], "sizeBytes": 1}],
+                       "capacity": {"cpu": "8"}, "allocatable": {"cpu": "7"},
                        "volumesInUse": ["v"],
                        "volumesAttached": [{"name": "v", "devicePath": "/dev/x"}]}
         }))
         .unwrap();
-        node(&mut n);
+        assert!(node(&mut n), "every node is cached");
         let v = serde_json::to_value(&n).unwrap();
         assert_eq!(v["metadata"]["annotations"], json!({"keep": "me"}));
         assert!(v["metadata"].get("managedFields").is_none());
         assert_eq!(v["metadata"]["labels"], json!({"l": "v"}));
         assert_eq!(v["spec"]["providerID"], "fake://n");
-        for gone in ["images", "volumesInUse", "volumesAttached"] {
+        for gone in [
+            "images",
+            "volumesInUse",
+            "volumesAttached",
+            "capacity",
+            "allocatable",
+        ] {
             assert!(v["status"].get(gone).is_none(), "{gone} dropped");
         }
         for kept in ["addresses", "conditions", "nodeInfo"] {

@@ -36,9 +36,9 @@
 //!   service and every node, so syncing once per changed node only repeats the same work: at
 //!   start-up with 5,000 nodes upstream runs 5,000 full node syncs (O(nodes² × LB services)),
 //!   here one. A change arriving during a sync still queues exactly one more sync.
-//! - The shared cache holds stubs of services that cannot have a load balancer
-//!   ([`crate::controllers::cache_trim`]); syncing such a key reads the whole service from the
-//!   API first, so the provider always gets the whole object.
+//! - The shared cache does not hold services that cannot have a load balancer
+//!   ([`crate::controllers::cache_trim`]): a service leaving that set is synced through the
+//!   deletion path (its cached last version is cleaned up), as upstream does for it.
 
 pub mod node_sync;
 pub mod predicates;
@@ -52,13 +52,11 @@ use ccm_provider_abi::{ErrorKind, ProviderError};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use kube::runtime::reflector::ObjectRef;
-use kube::Api;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 
-use super::node::kube_error_text;
-use super::{cache_trim, ControllerContext, NotStarted};
+use super::{ControllerContext, NotStarted};
 use crate::events::{service_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_not_found, patch_service_status};
@@ -448,19 +446,6 @@ impl ServiceController {
             .get(&ObjectRef::new(&name).within(&ns));
         match found {
             None => self.process_service_deletion(key).await,
-            Some(svc) if cache_trim::is_service_stub(&svc) => {
-                // The cache keeps only a stub of a service that cannot have a load balancer;
-                // the provider must get the whole object (annotations, ports, ...).
-                let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), &ns);
-                match api.get_opt(&name).await {
-                    Ok(Some(full)) => self.process_service_create_or_update(full, key).await,
-                    Ok(None) => self.process_service_deletion(key).await,
-                    Err(e) => Err(SyncError::new(format!(
-                        "failed to get service {key}: {}",
-                        kube_error_text(&e)
-                    ))),
-                }
-            }
             Some(svc) => {
                 self.process_service_create_or_update((*svc).clone(), key)
                     .await
