@@ -6,9 +6,11 @@
 //! services in < 60 MiB) cannot be met with them (see BENCHMARKS.md), so, on purpose, the
 //! caches drop:
 //!
-//! - from every object: `metadata.managedFields` and the
-//!   `kubectl.kubernetes.io/last-applied-configuration` annotation (client-side bookkeeping
-//!   that copies the whole object);
+//! - from every object: `metadata.managedFields`;
+//! - from services: the `kubectl.kubernetes.io/last-applied-configuration` annotation
+//!   (client-side bookkeeping that copies the whole object; services are only ever patched, so
+//!   it is never written back; nodes keep theirs, because the node controller PUTs the cached
+//!   metadata);
 //! - from nodes: `status.images`, `status.volumesInUse`, `status.volumesAttached`,
 //!   `status.config`, `status.capacity` and `status.allocatable` (kubelet and scheduler
 //!   bookkeeping: half of a node's cached bytes with ten images, each resource map alone
@@ -28,23 +30,17 @@
 //! other write is a patch.
 
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::service::predicates::has_lb_finalizer;
 
 /// kubectl's client-side apply record: a copy of the whole object in an annotation.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-fn trim_metadata(meta: &mut ObjectMeta) {
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED_ANNOTATION);
-    }
-}
-
-/// Trim a node for the shared cache (every node is cached).
+/// Trim a node for the shared cache (every node is cached). Nothing the node controller's PUT
+/// sends back (metadata, spec) is dropped but managedFields, which the API server keeps when
+/// the field is absent.
 pub fn node(node: &mut Node) -> bool {
-    trim_metadata(&mut node.metadata);
+    node.metadata.managed_fields = None;
     if let Some(status) = node.status.as_mut() {
         status.images = None;
         status.volumes_in_use = None;
@@ -72,7 +68,10 @@ pub fn may_have_load_balancer(svc: &Service) -> bool {
 /// Trim a service for the shared cache; only services that may have a load balancer are
 /// cached.
 pub fn service(svc: &mut Service) -> bool {
-    trim_metadata(&mut svc.metadata);
+    svc.metadata.managed_fields = None;
+    if let Some(annotations) = svc.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+    }
     may_have_load_balancer(svc)
 }
 
@@ -117,6 +116,19 @@ mod tests {
     }
 
     #[test]
+    fn cached_services_lose_the_last_applied_copy_and_managed_fields() {
+        let mut s = svc(json!({
+            "metadata": {"name": "lb", "annotations": {LAST_APPLIED_ANNOTATION: "{...}", "a": "b"},
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"type": "LoadBalancer"}
+        }));
+        assert!(service(&mut s));
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["metadata"]["annotations"], json!({"a": "b"}));
+        assert!(v["metadata"].get("managedFields").is_none());
+    }
+
+    #[test]
     fn bookkeeping_fields_are_dropped_and_the_rest_kept() {
         let mut n: Node = serde_json::from_value(json!({
             "metadata": {"name": "n", "labels": {"l": "v"},
@@ -137,7 +149,11 @@ mod tests {
         .unwrap();
         assert!(node(&mut n), "every node is cached");
         let v = serde_json::to_value(&n).unwrap();
-        assert_eq!(v["metadata"]["annotations"], json!({"keep": "me"}));
+        assert_eq!(
+            v["metadata"]["annotations"],
+            json!({LAST_APPLIED_ANNOTATION: "{}", "keep": "me"}),
+            "the node controller PUTs the cached metadata: every annotation stays"
+        );
         assert!(v["metadata"].get("managedFields").is_none());
         assert_eq!(v["metadata"]["labels"], json!({"l": "v"}));
         assert_eq!(v["spec"]["providerID"], "fake://n");
