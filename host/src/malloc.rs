@@ -16,8 +16,9 @@
 //!   host list, comes from the heap, where freeing it leaves holes that keep the peak RSS up. A
 //!   fixed threshold turns off the adjustment, so those buffers go back to the system on free.
 //!
-//! `MALLOC_ARENA_MAX` / `MALLOC_MMAP_THRESHOLD_` in the environment (glibc's own tunables) win:
-//! a setting given there is left alone.
+//! `MALLOC_ARENA_MAX` / `MALLOC_MMAP_THRESHOLD_`, or `glibc.malloc.arena_max` /
+//! `glibc.malloc.mmap_threshold` in `GLIBC_TUNABLES` (glibc's own settings) win: a setting
+//! given there is left alone.
 
 /// Arenas allowed (glibc's default: 8 per core).
 pub const ARENA_MAX: i32 = 2;
@@ -30,8 +31,9 @@ pub const MMAP_THRESHOLD: i32 = 128 * 1024;
 pub fn tune() -> (Option<i32>, Option<i32>) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let set = |env: &str, param: libc::c_int, value: i32| {
-            if std::env::var_os(env).is_some() {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        let set = |env: &str, tunable: &str, param: libc::c_int, value: i32| {
+            if std::env::var_os(env).is_some() || tunables.contains(tunable) {
                 return None;
             }
             // SAFETY: mallopt only changes allocator parameters; called before other threads
@@ -39,9 +41,15 @@ pub fn tune() -> (Option<i32>, Option<i32>) {
             (unsafe { libc::mallopt(param, value) } == 1).then_some(value)
         };
         (
-            set("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, ARENA_MAX),
+            set(
+                "MALLOC_ARENA_MAX",
+                "glibc.malloc.arena_max",
+                libc::M_ARENA_MAX,
+                ARENA_MAX,
+            ),
             set(
                 "MALLOC_MMAP_THRESHOLD_",
+                "glibc.malloc.mmap_threshold",
                 libc::M_MMAP_THRESHOLD,
                 MMAP_THRESHOLD,
             ),

@@ -1327,6 +1327,46 @@ async fn a_load_balancer_service_leaving_the_cache_has_its_load_balancer_deleted
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncached_service_is_read_from_the_api_so_a_new_leader_still_deletes_its_load_balancer()
+{
+    let env = Env::default(&["n1"]).await;
+    provisioned(&env, "orphan").await;
+    // Finalizer and ingress removed by hand, then ClusterIP: the cache lets it go.
+    let services = env.services();
+    services
+        .patch_status(
+            "orphan",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": null}}})),
+        )
+        .await
+        .unwrap();
+    services
+        .patch(
+            "orphan",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}, "spec": {"type": "ClusterIP"}})),
+        )
+        .await
+        .unwrap();
+    env.gone_from_cache("orphan").await;
+    // A controller that never synced it (a new leader) gets its key: the live object is read
+    // and takes upstream's delete branch.
+    let fresh = ServiceController::new(env.ctx.clone()).unwrap();
+    env.h.server.controls().clear_requests();
+    fresh.sync_service(&key("orphan")).await.expect("sync");
+    assert!(env.h.cloud().load_balancers.is_empty(), "no leaked LB");
+    assert_eq!(env.calls("delete").len(), 1);
+    assert!(env
+        .h
+        .server
+        .controls()
+        .requests()
+        .iter()
+        .any(|r| r.verb == "get" && r.resource == "services" && r.name == "orphan"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_changes_during_a_node_sync_queue_one_more_sync_not_one_per_node() {
     let gate = tempfile::NamedTempFile::new().unwrap();
     let env = Env::default(&["n1"]).await;

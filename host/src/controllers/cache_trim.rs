@@ -19,9 +19,10 @@
 //!   finalizer, no load-balancer ingress: ~99% of a typical cluster's services) are not cached
 //!   at all ([`crate::informer::Trim`]). Even an empty `Service` costs ~1.2 KB in the cache
 //!   (the typed struct and the index key), 12 MiB for 10,000 of them. The service controller
-//!   loses nothing: a service entering the set is seen as added (its handlers queue exactly what
-//!   they queue for an update from a non-LoadBalancer version), a service leaving it is seen as
-//!   updated and then missing, which is the deletion path upstream takes for it too.
+//!   loses nothing: a service entering the set is seen as added (queued by upstream's add
+//!   test, which for a service that did not want a load balancer before is its update test), a
+//!   service leaving it is seen as updated, and a key missing from the cache is read from the
+//!   API before it is treated as deleted.
 //!
 //! Objects handed to providers come from these caches, so a provider never sees the dropped
 //! fields (documented in `docs/writing-a-provider.md`). Writes never send a cached object's

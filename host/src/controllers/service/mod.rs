@@ -37,8 +37,8 @@
 //!   start-up with 5,000 nodes upstream runs 5,000 full node syncs (O(nodes² × LB services)),
 //!   here one. A change arriving during a sync still queues exactly one more sync.
 //! - The shared cache does not hold services that cannot have a load balancer
-//!   ([`crate::controllers::cache_trim`]): a service leaving that set is synced through the
-//!   deletion path (its cached last version is cleaned up), as upstream does for it.
+//!   ([`crate::controllers::cache_trim`]). A key missing from the cache is read from the API
+//!   before it is treated as deleted, so the decisions are upstream's.
 
 pub mod node_sync;
 pub mod predicates;
@@ -52,10 +52,12 @@ use ccm_provider_abi::{ErrorKind, ProviderError};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use kube::runtime::reflector::ObjectRef;
+use kube::Api;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 
+use super::node::kube_error_text;
 use super::{ControllerContext, NotStarted};
 use crate::events::{service_ref, EventRecorder, EventType};
 use crate::informer::Change;
@@ -284,7 +286,14 @@ impl ServiceController {
 
     fn on_service_change(&self, change: &Change<Service>) {
         match change {
-            Change::Added(svc) => self.on_service_added(svc),
+            // Upstream's add handler; the stale-status clause of `on_service_added` is for the
+            // replay at start (a service entering the trimmed cache also arrives as Added, and
+            // upstream queues nothing for an ingress appearing on a non-LoadBalancer service).
+            Change::Added(svc) => {
+                if self.policy.wants_load_balancer(svc) || needs_cleanup(svc) {
+                    self.service_queue.add(service_key(svc));
+                }
+            }
             Change::Updated { old, new } => self.on_service_updated(old, new),
             // Deletion is driven by the deletionTimestamp update while the finalizer holds the
             // object; a service deleted without it is found missing by a later sync.
@@ -312,9 +321,8 @@ impl ServiceController {
         for svc in self.ctx.services.list() {
             self.on_service_added(&svc);
         }
-        if !self.ctx.nodes.store().is_empty() {
-            self.queue_node_sync();
-        }
+        // Also with no nodes left: the last ones may have been deleted while we lagged.
+        self.queue_node_sync();
     }
 
     /// Upstream's 30 s service resync: old == new, so only services needing cleanup re-queue.
@@ -445,7 +453,22 @@ impl ServiceController {
             .store()
             .get(&ObjectRef::new(&name).within(&ns));
         match found {
-            None => self.process_service_deletion(key).await,
+            // Not cached: deleted, or (beyond upstream) a service that cannot have a load
+            // balancer, which the cache does not keep (`cache_trim`). Upstream's lister would
+            // still hold the latter, so read it: a live object takes upstream's "found" path
+            // (a load balancer left behind by a service that turned ClusterIP before this
+            // process ever synced it is still found and deleted).
+            None => {
+                let api: Api<Service> = Api::namespaced(self.ctx.client.clone(), &ns);
+                match api.get_opt(&name).await {
+                    Ok(Some(live)) => self.process_service_create_or_update(live, key).await,
+                    Ok(None) => self.process_service_deletion(key).await,
+                    Err(e) => Err(SyncError::new(format!(
+                        "failed to get service {key}: {}",
+                        kube_error_text(&e)
+                    ))),
+                }
+            }
             Some(svc) => {
                 self.process_service_create_or_update((*svc).clone(), key)
                     .await
