@@ -84,7 +84,7 @@ impl Harness {
 
     /// A controller context with fresh shared informers (started now) and `config`.
     pub fn context(&self, config: ControllerConfig) -> ControllerContext {
-        controller_context(
+        ControllerContext::new(
             &self.client,
             &self.provider,
             &self.metrics,
@@ -171,17 +171,4 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// A controller context over `client` with fresh shared node and service informers (started
-/// now, stopped by `stop`).
-pub fn controller_context(
-    client: &kube::Client,
-    provider: &Provider,
-    metrics: &Arc<Metrics>,
-    config: ControllerConfig,
-    host_identity: &str,
-    stop: &CancellationToken,
-) -> ControllerContext {
-    ControllerContext::new(client, provider, metrics, config, host_identity, stop)
 }

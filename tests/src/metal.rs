@@ -89,7 +89,7 @@ impl MetalEnv {
 
     /// A controller context with fresh shared informers (started now) for `provider`.
     pub fn context_for(&self, provider: &Provider, config: ControllerConfig) -> ControllerContext {
-        crate::harness::controller_context(
+        ccm_host::controllers::ControllerContext::new(
             &self.client,
             provider,
             &self.metrics,

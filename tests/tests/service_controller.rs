@@ -1262,6 +1262,41 @@ async fn load_balancer_class_routing_is_opt_in() {
 
 // ---- Beyond upstream: trimmed cache and one node-sync key -------------------------------------
 
+/// Clear the ingress and remove the finalizer by hand (as an operator or an older controller
+/// might), leaving a LoadBalancer service whose load balancer still exists.
+async fn release_by_hand(env: &Env, name: &str) {
+    let services = env.services();
+    services
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": null}}})),
+        )
+        .await
+        .unwrap();
+    services
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    env.cached(name, |s| !has_status(s) && !has_finalizer(s))
+        .await;
+}
+
+async fn make_cluster_ip(env: &Env, name: &str) {
+    env.services()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_balancer_service_leaving_the_cache_has_its_load_balancer_deleted() {
     let env = Env::default(&["n1"]).await;
@@ -1277,33 +1312,8 @@ async fn a_load_balancer_service_leaving_the_cache_has_its_load_balancer_deleted
     // The ingress is cleared and the finalizer removed by hand, then the service turns
     // ClusterIP: it can no longer have a load balancer, so the cache lets it go, but its load
     // balancer still exists and must be deleted (upstream: needsUpdate, then the delete op).
-    let services = env.services();
-    services
-        .patch_status(
-            "half",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": null}}})),
-        )
-        .await
-        .unwrap();
-    services
-        .patch(
-            "half",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
-    env.cached("half", |s| !has_status(s) && !has_finalizer(s))
-        .await;
-    services
-        .patch(
-            "half",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
-        )
-        .await
-        .unwrap();
+    release_by_hand(&env, "half").await;
+    make_cluster_ip(&env, "half").await;
     env.gone_from_cache("half").await;
     eventually("the load balancer is deleted", WAIT, || {
         env.h.cloud().load_balancers.is_empty().then_some(())
@@ -1332,23 +1342,8 @@ async fn an_uncached_service_is_read_from_the_api_so_a_new_leader_still_deletes_
     let env = Env::default(&["n1"]).await;
     provisioned(&env, "orphan").await;
     // Finalizer and ingress removed by hand, then ClusterIP: the cache lets it go.
-    let services = env.services();
-    services
-        .patch_status(
-            "orphan",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": null}}})),
-        )
-        .await
-        .unwrap();
-    services
-        .patch(
-            "orphan",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}, "spec": {"type": "ClusterIP"}})),
-        )
-        .await
-        .unwrap();
+    release_by_hand(&env, "orphan").await;
+    make_cluster_ip(&env, "orphan").await;
     env.gone_from_cache("orphan").await;
     // A controller that never synced it (a new leader) gets its key: the live object is read
     // and takes upstream's delete branch.

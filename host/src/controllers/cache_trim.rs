@@ -32,7 +32,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 
-use super::service::predicates::has_lb_finalizer;
+use super::service::predicates::{has_lb_finalizer, has_lb_ingress};
 
 /// kubectl's client-side apply record: a copy of the whole object in an annotation.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -56,14 +56,9 @@ pub fn node(node: &mut Node) -> bool {
 /// Whether the service controller may act on `svc`'s load balancer: a LoadBalancer service
 /// (of any class), one holding the cleanup finalizer, or one still showing an ingress.
 pub fn may_have_load_balancer(svc: &Service) -> bool {
-    let type_ = svc.spec.as_ref().and_then(|s| s.type_.as_deref());
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .is_some_and(|i| !i.is_empty());
-    type_ == Some("LoadBalancer") || has_lb_finalizer(svc) || ingress
+    svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+        || has_lb_finalizer(svc)
+        || has_lb_ingress(svc)
 }
 
 /// Trim a service for the shared cache; only services that may have a load balancer are

@@ -65,7 +65,7 @@ use crate::patches::{is_not_found, patch_service_status};
 use crate::workqueue::WorkQueue;
 
 use predicates::{
-    has_lb_finalizer, load_balancer_status_equal, needs_cleanup, needs_update,
+    has_lb_finalizer, has_lb_ingress, load_balancer_status_equal, needs_cleanup, needs_update,
     should_sync_updated_node, split_key, stable_node_set, update_failed_message,
 };
 pub use predicates::{ClassPolicy, LB_CLEANUP_FINALIZER};
@@ -195,12 +195,7 @@ fn service_key(svc: &Service) -> String {
 /// Not of type LoadBalancer, yet `status.loadBalancer.ingress` is not empty.
 fn stale_lb_status(svc: &Service) -> bool {
     svc.spec.as_ref().and_then(|s| s.type_.as_deref()) != Some("LoadBalancer")
-        && svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .is_some_and(|ingress| !ingress.is_empty())
+        && has_lb_ingress(svc)
 }
 
 fn node_key(node: &Node) -> String {

@@ -67,6 +67,15 @@ pub fn has_lb_finalizer(svc: &Service) -> bool {
         .is_some_and(|f| f.iter().any(|x| x == LB_CLEANUP_FINALIZER))
 }
 
+/// Whether `svc` shows a load-balancer ingress.
+pub fn has_lb_ingress(svc: &Service) -> bool {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|ingress| !ingress.is_empty())
+}
+
 /// Upstream `needsCleanup`: the finalizer is present and the service is being deleted or is no
 /// longer of type LoadBalancer.
 pub fn needs_cleanup(svc: &Service) -> bool {
