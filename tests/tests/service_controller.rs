@@ -81,6 +81,14 @@ impl Env {
         Api::namespaced(self.h.client.clone(), NS)
     }
 
+    /// A JSON merge patch of service `name`.
+    async fn merge(&self, name: &str, body: Value) {
+        self.services()
+            .patch(name, &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .unwrap();
+    }
+
     fn nodes(&self) -> Api<Node> {
         Api::all(self.h.client.clone())
     }
@@ -368,14 +376,8 @@ async fn sync_service_with_a_class_is_a_delete_op_that_writes_nothing() {
 async fn sync_service_no_longer_load_balancer_deletes_lb_then_finalizer_and_status() {
     let env = Env::default(&["n1"]).await;
     provisioned(&env, "was-lb").await;
-    env.services()
-        .patch(
-            "was-lb",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
-        )
-        .await
-        .unwrap();
+    env.merge("was-lb", json!({"spec": {"type": "ClusterIP"}}))
+        .await;
     env.cached("was-lb", |s| {
         s.spec.as_ref().unwrap().type_.as_deref() == Some("ClusterIP")
     })
@@ -478,14 +480,7 @@ async fn node_sync_updates_only_load_balancer_services_for_any_worker_count() {
             provisioned(&env, name).await;
         }
         // "c" turns ClusterIP and its cloud delete fails: the cache keeps a non-LB entry.
-        env.services()
-            .patch(
-                "c",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
-            )
-            .await
-            .unwrap();
+        env.merge("c", json!({"spec": {"type": "ClusterIP"}})).await;
         env.cached("c", |s| {
             s.spec.as_ref().unwrap().type_.as_deref() == Some("ClusterIP")
         })
@@ -791,14 +786,8 @@ async fn slow_node_sync_does_not_overwrite_a_fresher_ensure() {
 async fn the_cache_holds_the_latest_processed_object() {
     let env = Env::default(&["n1"]).await;
     provisioned(&env, "ip").await;
-    env.services()
-        .patch(
-            "ip",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"loadBalancerIP": "203.0.113.7"}})),
-        )
-        .await
-        .unwrap();
+    env.merge("ip", json!({"spec": {"loadBalancerIP": "203.0.113.7"}}))
+        .await;
     env.cached("ip", |s| {
         s.spec.as_ref().unwrap().load_balancer_ip.is_some()
     })
@@ -905,14 +894,8 @@ async fn no_nodes_warns_and_still_calls_the_cloud() {
 /// Remove the finalizer by hand and delete the service: it vanishes from the lister while the
 /// controller's cache still holds it.
 async fn vanish(env: &Env, name: &str) {
-    env.services()
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    env.merge(name, json!({"metadata": {"finalizers": null}}))
+        .await;
     env.services()
         .delete(name, &DeleteParams::default())
         .await
@@ -1265,8 +1248,7 @@ async fn load_balancer_class_routing_is_opt_in() {
 /// Clear the ingress and remove the finalizer by hand (as an operator or an older controller
 /// might), leaving a LoadBalancer service whose load balancer still exists.
 async fn release_by_hand(env: &Env, name: &str) {
-    let services = env.services();
-    services
+    env.services()
         .patch_status(
             name,
             &PatchParams::default(),
@@ -1274,27 +1256,10 @@ async fn release_by_hand(env: &Env, name: &str) {
         )
         .await
         .unwrap();
-    services
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    env.merge(name, json!({"metadata": {"finalizers": null}}))
+        .await;
     env.cached(name, |s| !has_status(s) && !has_finalizer(s))
         .await;
-}
-
-async fn make_cluster_ip(env: &Env, name: &str) {
-    env.services()
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
-        )
-        .await
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1313,7 +1278,8 @@ async fn a_load_balancer_service_leaving_the_cache_has_its_load_balancer_deleted
     // ClusterIP: it can no longer have a load balancer, so the cache lets it go, but its load
     // balancer still exists and must be deleted (upstream: needsUpdate, then the delete op).
     release_by_hand(&env, "half").await;
-    make_cluster_ip(&env, "half").await;
+    env.merge("half", json!({"spec": {"type": "ClusterIP"}}))
+        .await;
     env.gone_from_cache("half").await;
     eventually("the load balancer is deleted", WAIT, || {
         env.h.cloud().load_balancers.is_empty().then_some(())
@@ -1343,7 +1309,8 @@ async fn an_uncached_service_is_read_from_the_api_so_a_new_leader_still_deletes_
     provisioned(&env, "orphan").await;
     // Finalizer and ingress removed by hand, then ClusterIP: the cache lets it go.
     release_by_hand(&env, "orphan").await;
-    make_cluster_ip(&env, "orphan").await;
+    env.merge("orphan", json!({"spec": {"type": "ClusterIP"}}))
+        .await;
     env.gone_from_cache("orphan").await;
     // A controller that never synced it (a new leader) gets its key: the live object is read
     // and takes upstream's delete branch.
