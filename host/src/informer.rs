@@ -1,18 +1,22 @@
 //! One watch per resource kind, shared by every controller (upstream's shared informer
-//! factory), built on kube-runtime's `watcher` and reflector `Store`.
+//! factory), built on kube-runtime's `watcher` and a cache of our own ([`Store`]).
 //!
 //! kube-runtime's stable API gives a store and a stream of new objects; controllers here also
 //! need the *previous* object of an update (upstream's `UpdateFunc(old, new)` predicates), so
 //! this module fans each watcher event out as a [`Change`] carrying both. On a relist (watch
 //! restart, 410 Gone) the store is replaced atomically and subscribers get the differences.
+//!
+//! The store is ours rather than kube-runtime's reflector `Writer` because the writer takes
+//! events by reference and clones every object into its map: with thousands of nodes that
+//! doubled the allocations of every list and left the heap fragmented (see BENCHMARKS.md,
+//! "Memory"). Here the decoded object is trimmed and moved into its `Arc`, which the cache and
+//! the change sent to subscribers share.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
-use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::StreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
@@ -36,22 +40,92 @@ pub enum Change<K> {
     Deleted(Arc<K>),
 }
 
+/// Upstream's cache key (`MetaNamespaceKeyFunc`): `namespace/name`, or `name` for a
+/// cluster-scoped object.
+pub fn cache_key<K: Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    let name = meta.name.as_deref().unwrap_or_default();
+    match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
+}
+
+/// The cache of one resource kind (upstream's indexer / lister), keyed by [`cache_key`].
+/// Cloning gives another handle on the same cache.
+pub struct Store<K> {
+    map: Arc<RwLock<HashMap<String, Arc<K>>>>,
+}
+
+impl<K> Clone for Store<K> {
+    fn clone(&self) -> Self {
+        Self {
+            map: self.map.clone(),
+        }
+    }
+}
+
+impl<K> Default for Store<K> {
+    fn default() -> Self {
+        Self {
+            map: Arc::new(RwLock::new(HashMap::new())),
+        }
+    }
+}
+
+impl<K> Store<K> {
+    // A panic while the lock is held cannot leave the map half-written (every write is one
+    // insert, remove or swap), so a poisoned lock is still safe to use.
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<String, Arc<K>>> {
+        self.map.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, Arc<K>>> {
+        self.map.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cached object with this key (`name`, or `namespace/name`).
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.read().get(key).cloned()
+    }
+
+    /// Every cached object, in no particular order.
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// How many objects are cached.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    fn insert(&self, key: String, obj: Arc<K>) -> Option<Arc<K>> {
+        self.write().insert(key, obj)
+    }
+
+    fn remove(&self, key: &str) -> Option<Arc<K>> {
+        self.write().remove(key)
+    }
+
+    /// Replace the whole content; returns the previous one.
+    fn replace(&self, map: HashMap<String, Arc<K>>) -> HashMap<String, Arc<K>> {
+        std::mem::replace(&mut *self.write(), map)
+    }
+}
+
 /// A shared, cached watch of one resource kind.
-pub struct SharedInformer<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
+pub struct SharedInformer<K> {
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
     synced: watch::Receiver<bool>,
 }
 
-impl<K> Clone for SharedInformer<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
+impl<K> Clone for SharedInformer<K> {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
@@ -60,13 +134,6 @@ where
         }
     }
 }
-
-/// A change held back while a relist is in progress: the key, the version the store held
-/// before, and, for an object the cache does not keep, its new version.
-type Pending<K> = (ObjectRef<K>, Option<Arc<K>>, Option<Arc<K>>);
-
-/// Objects seen, and the changes held back, while a relist is in progress.
-type Relist<K> = (HashSet<ObjectRef<K>>, Vec<Pending<K>>);
 
 /// What the cache keeps of each object: the function trims the object in place and returns
 /// whether it is cached at all (see `controllers::cache_trim`).
@@ -78,7 +145,34 @@ type Relist<K> = (HashSet<ObjectRef<K>>, Vec<Pending<K>>);
 pub type Trim<K> = fn(&mut K) -> bool;
 
 /// How many changes a slow subscriber may fall behind before it must resync from the store.
-const CHANGE_BUFFER: usize = 16_384;
+///
+/// Each slot holds the `Arc`s of its change until it is overwritten, so a large buffer keeps
+/// superseded versions of busy objects alive; subscribers only move keys onto their queues, so
+/// they fall behind only when the process is starved, and then resync from the store (every
+/// subscriber handles `Lagged`).
+const CHANGE_BUFFER: usize = 4_096;
+
+/// A relist in progress (between `Init` and `InitDone`): the new content, built as the objects
+/// arrive, and the changes to send once it replaces the store.
+struct Relist<K> {
+    /// The relisted objects the cache keeps.
+    fresh: HashMap<String, Arc<K>>,
+    /// Relisted objects the cache no longer keeps that it held before: sent as `Updated` and
+    /// not as `Deleted`.
+    leaving: HashSet<String>,
+    /// `(old, new)` for every change to send, in list order.
+    changes: Vec<(Option<Arc<K>>, Arc<K>)>,
+}
+
+impl<K> Relist<K> {
+    fn new() -> Self {
+        Self {
+            fresh: HashMap::new(),
+            leaving: HashSet::new(),
+            changes: Vec::new(),
+        }
+    }
+}
 
 impl<K> SharedInformer<K>
 where
@@ -93,11 +187,11 @@ where
         trim: Trim<K>,
         stop: CancellationToken,
     ) -> Self {
-        let mut writer = reflector::store::Writer::<K>::default();
-        let store = writer.as_reader();
+        let store = Store::default();
         let (changes, _) = broadcast::channel(CHANGE_BUFFER);
-        let tx = changes.clone();
         let (synced_tx, synced) = watch::channel(false);
+        let cache = store.clone();
+        let tx = changes.clone();
         tokio::spawn(async move {
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             let mut relist: Option<Relist<K>> = None;
@@ -115,81 +209,68 @@ where
                         continue;
                     }
                 };
-                let reader = writer.as_reader();
                 match event {
-                    // Changes carry the store's own `Arc`s (read back after applying), so the
-                    // cache and the change buffer share one copy of each object.
                     Event::Apply(mut obj) => {
                         let keep = trim(&mut obj);
-                        let key = ObjectRef::from_obj(&obj);
-                        let old = reader.get(&key);
-                        if !keep {
-                            // Not cached: only leaving the cache is a change.
-                            if let Some(old) = old {
-                                let new = Arc::new(obj);
-                                writer.apply_watcher_event(&Event::Delete((*new).clone()));
-                                let _ = tx.send(Change::Updated { old, new });
+                        let key = cache_key(&obj);
+                        let new = Arc::new(obj);
+                        let change = if keep {
+                            match cache.insert(key, new.clone()) {
+                                Some(old) => Change::Updated { old, new },
+                                None => Change::Added(new),
                             }
-                            continue;
-                        }
-                        writer.apply_watcher_event(&Event::Apply(obj));
-                        let Some(new) = reader.get(&key) else {
-                            continue;
+                        } else {
+                            // Not cached: only leaving the cache is a change.
+                            match cache.remove(&key) {
+                                Some(old) => Change::Updated { old, new },
+                                None => continue,
+                            }
                         };
-                        let _ = tx.send(match old {
-                            Some(old) => Change::Updated { old, new },
-                            None => Change::Added(new),
-                        });
+                        let _ = tx.send(change);
                     }
                     Event::Delete(obj) => {
-                        let Some(old) = reader.get(&ObjectRef::from_obj(&obj)) else {
-                            // Never cached (or not kept).
-                            continue;
-                        };
-                        writer.apply_watcher_event(&Event::Delete(obj));
-                        let _ = tx.send(Change::Deleted(old));
-                    }
-                    Event::Init => {
-                        relist = Some((HashSet::new(), Vec::new()));
-                        writer.apply_watcher_event(&Event::Init);
-                    }
-                    Event::InitApply(mut obj) => {
-                        // The store buffers relisted objects until InitDone; the change is
-                        // built then, from the store's copy.
-                        let keep = trim(&mut obj);
-                        let key = ObjectRef::from_obj(&obj);
-                        let old = reader.get(&key);
-                        if let Some((seen, pending)) = relist.as_mut() {
-                            seen.insert(key.clone());
-                            match (keep, old) {
-                                (true, old) => pending.push((key, old, None)),
-                                (false, Some(old)) => {
-                                    pending.push((key, Some(old), Some(Arc::new(obj.clone()))))
-                                }
-                                (false, None) => {}
-                            }
+                        // Nothing to send for an object never cached (or not kept).
+                        if let Some(old) = cache.remove(&cache_key(&obj)) {
+                            let _ = tx.send(Change::Deleted(old));
                         }
+                    }
+                    Event::Init => relist = Some(Relist::new()),
+                    Event::InitApply(mut obj) => {
+                        let relist = relist.get_or_insert_with(Relist::new);
+                        let keep = trim(&mut obj);
+                        let key = cache_key(&obj);
+                        let old = cache.get(&key);
+                        let new = Arc::new(obj);
                         if keep {
-                            writer.apply_watcher_event(&Event::InitApply(obj));
+                            relist.changes.push((old, new.clone()));
+                            relist.fresh.insert(key, new);
+                        } else if old.is_some() {
+                            relist.changes.push((old, new));
+                            relist.leaving.insert(key);
                         }
                     }
                     Event::InitDone => {
-                        let (seen, pending) = relist.take().unwrap_or_default();
-                        let gone: Vec<_> = reader
-                            .state()
-                            .into_iter()
-                            .filter(|o| !seen.contains(&ObjectRef::from_obj(o.as_ref())))
-                            .collect();
-                        writer.apply_watcher_event(&Event::InitDone);
-                        for (key, old, uncached) in pending {
-                            let Some(new) = uncached.or_else(|| reader.get(&key)) else {
-                                continue;
-                            };
+                        let Relist {
+                            fresh,
+                            leaving,
+                            changes,
+                        } = relist.take().unwrap_or_else(Relist::new);
+                        let before = cache.replace(fresh);
+                        for (old, new) in changes {
                             let _ = tx.send(match old {
                                 Some(old) => Change::Updated { old, new },
                                 None => Change::Added(new),
                             });
                         }
+                        let store_now = cache.read();
+                        let gone: Vec<Arc<K>> = before
+                            .into_iter()
+                            .filter(|(key, _)| {
+                                !store_now.contains_key(key) && !leaving.contains(key)
+                            })
+                            .map(|(_, obj)| obj)
+                            .collect();
+                        drop(store_now);
                         for obj in gone {
                             let _ = tx.send(Change::Deleted(obj));
                         }
@@ -205,7 +286,9 @@ where
             synced,
         }
     }
+}
 
+impl<K> SharedInformer<K> {
     /// The cache (upstream's lister).
     pub fn store(&self) -> &Store<K> {
         &self.store
@@ -225,9 +308,7 @@ where
     /// Wait until the first list has completed (upstream `WaitForCacheSync`). Returns false if
     /// the watch ended first.
     ///
-    /// Any number of tasks may wait at once. (kube-runtime's `Store::wait_until_ready` polls a
-    /// oneshot receiver that keeps only the last waker, so with several concurrent waiters some
-    /// were never woken; a watch channel wakes them all.)
+    /// Any number of tasks may wait at once (a watch channel wakes every waiter).
     pub async fn wait_synced(&self) -> bool {
         let mut synced = self.synced.clone();
         let ready = synced.wait_for(|ready| *ready).await.is_ok();

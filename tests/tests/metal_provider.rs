@@ -16,7 +16,6 @@ use ccm_integration_tests::harness::eventually;
 use ccm_integration_tests::metal::MetalEnv;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 use serde_json::{json, Value};
 
@@ -471,7 +470,7 @@ impl Lb {
 
 async fn cached(ctx: &ControllerContext, name: &str, pred: impl Fn(&Service) -> bool) -> Service {
     let store = ctx.services.store().clone();
-    let r = ObjectRef::new(name).within(NS);
+    let r = format!("{NS}/{name}");
     eventually(&format!("informer copy of {name}"), WAIT, || {
         store.get(&r).filter(|s| pred(s)).map(|s| (*s).clone())
     })
@@ -633,7 +632,7 @@ async fn exhaustion_is_reported_and_retried_until_an_address_is_released() {
         .unwrap();
     let three = {
         let store = lb.ctx.services.store().clone();
-        let r = ObjectRef::new("three").within(NS);
+        let r = format!("{NS}/three");
         eventually("three gets the released address", RETRY_WAIT, || {
             store
                 .get(&r)

@@ -13,7 +13,6 @@ use ccm_integration_tests::harness::{eventually, Harness};
 use ccm_provider_fake::config::FakeConfig;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 use serde_json::{json, Value};
 
@@ -103,7 +102,7 @@ impl Env {
     /// Wait until the informer's copy of `name` satisfies `pred`.
     async fn cached(&self, name: &str, pred: impl Fn(&Service) -> bool) -> Service {
         let store = self.ctx.services.store().clone();
-        let r = ObjectRef::new(name).within(NS);
+        let r = format!("{NS}/{name}");
         eventually(&format!("informer copy of {name}"), WAIT, || {
             store.get(&r).filter(|s| pred(s)).map(|s| (*s).clone())
         })
@@ -112,7 +111,7 @@ impl Env {
 
     async fn gone_from_cache(&self, name: &str) {
         let store = self.ctx.services.store().clone();
-        let r = ObjectRef::new(name).within(NS);
+        let r = format!("{NS}/{name}");
         eventually(&format!("{name} gone from the informer"), WAIT, || {
             store.get(&r).is_none().then_some(())
         })
@@ -575,11 +574,7 @@ async fn node_changes_update_hosts_only_when_the_stable_set_changes() {
         let ctx = env.ctx.clone();
         async move {
             eventually(&format!("node {name}"), WAIT, || {
-                ctx.nodes
-                    .store()
-                    .get(&ObjectRef::new(name))
-                    .filter(|n| pred(n))
-                    .map(|_| ())
+                ctx.nodes.store().get(name).filter(|n| pred(n)).map(|_| ())
             })
             .await
         }

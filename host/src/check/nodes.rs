@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use ccm_provider_abi::ErrorKind;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::DeleteParams;
-use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 
 use super::report::Outcome;
@@ -307,7 +306,7 @@ impl Suite {
             .wait_for(|| {
                 let cached = names
                     .iter()
-                    .any(|n| self.ctx.nodes.store().get(&ObjectRef::new(n)).is_some());
+                    .any(|n| self.ctx.nodes.store().get(n).is_some());
                 async move { (!cached).then_some(()) }
             })
             .await;
@@ -586,7 +585,7 @@ impl Suite {
                 // Same resourceVersion in the cache as in the store (re-read on every poll:
                 // the node controller may still be writing).
                 let ok = names.iter().all(|n| {
-                    let cached = self.ctx.nodes.store().get(&ObjectRef::new(n));
+                    let cached = self.ctx.nodes.store().get(n);
                     cached.map(|c| c.metadata.resource_version.clone())
                         == self.stored_node(n).map(|s| s.metadata.resource_version)
                 });

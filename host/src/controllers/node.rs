@@ -30,7 +30,6 @@ use ccm_provider_abi::{ErrorKind, InstanceMetadata, ProviderError};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
 use kube::api::PostParams;
-use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 use tokio::sync::broadcast;
 
@@ -515,7 +514,7 @@ impl NodeController {
     /// Upstream `syncNode`: initialise a tainted node, or reconcile the labels of an
     /// initialised one. A node missing from the cache is done.
     pub async fn sync_node(&self, name: &str) -> Result<(), String> {
-        let Some(cur) = self.ctx.nodes.store().get(&ObjectRef::new(name)) else {
+        let Some(cur) = self.ctx.nodes.store().get(name) else {
             return Ok(());
         };
         if !has_cloud_taint(&cur) {

@@ -51,7 +51,6 @@ use std::time::{Duration, Instant};
 use ccm_provider_abi::{ErrorKind, ProviderError};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
-use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
@@ -188,8 +187,9 @@ fn api_message(e: &kube::Error) -> String {
     }
 }
 
+/// client-go `MetaNamespaceKeyFunc` of a service: the key of its queue and of the cache.
 fn service_key(svc: &Service) -> String {
-    predicates::service_key(svc)
+    crate::informer::cache_key(svc)
 }
 
 /// Not of type LoadBalancer, yet `status.loadBalancer.ingress` is not empty.
@@ -442,11 +442,7 @@ impl ServiceController {
     /// Upstream `syncService`: sync one `namespace/name` key.
     pub async fn sync_service(&self, key: &str) -> Result<(), SyncError> {
         let (ns, name) = split_key(key).map_err(SyncError::new)?;
-        let found = self
-            .ctx
-            .services
-            .store()
-            .get(&ObjectRef::new(&name).within(&ns));
+        let found = self.ctx.services.store().get(key);
         match found {
             // Not cached: deleted, or (beyond upstream) a service that cannot have a load
             // balancer, which the cache does not keep (`cache_trim`). Upstream's lister would

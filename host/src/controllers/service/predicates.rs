@@ -336,14 +336,5 @@ pub fn split_key(key: &str) -> Result<(String, String), String> {
     }
 }
 
-/// client-go `MetaNamespaceKeyFunc` of a service.
-pub fn service_key(svc: &Service) -> String {
-    let name = svc.metadata.name.as_deref().unwrap_or_default();
-    match svc.metadata.namespace.as_deref() {
-        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests;

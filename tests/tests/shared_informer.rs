@@ -1,0 +1,284 @@
+//! The host's shared watch (`informer::SharedInformer`) against the in-memory API server: the
+//! changes it sends (with the old and new versions), what its cache keeps under the service
+//! trim, and the differences it sends after a relist forced by 410 Gone.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ccm_host::apiserver::{ApiServer, ApiServerOptions};
+use ccm_host::controllers::cache_trim;
+use ccm_host::informer::{cache_key, Change, SharedInformer};
+use ccm_integration_tests::apiserver_support::{obj, wait_until};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "default";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A change reduced to what the tests compare: kind, key, and the service types of the old and
+/// new versions.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Seen {
+    Added(String, String),
+    Updated(String, String, String),
+    Deleted(String, String),
+}
+
+fn svc_type(s: &Service) -> String {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.type_.clone())
+        .unwrap_or_default()
+}
+
+fn seen(c: Change<Service>) -> Seen {
+    match c {
+        Change::Added(s) => Seen::Added(cache_key(&*s), svc_type(&s)),
+        Change::Updated { old, new } => {
+            assert_eq!(cache_key(&*old), cache_key(&*new));
+            Seen::Updated(cache_key(&*new), svc_type(&old), svc_type(&new))
+        }
+        Change::Deleted(s) => Seen::Deleted(cache_key(&*s), svc_type(&s)),
+    }
+}
+
+fn added(name: &str, t: &str) -> Seen {
+    Seen::Added(format!("{NS}/{name}"), t.into())
+}
+
+fn updated(name: &str, old: &str, new: &str) -> Seen {
+    Seen::Updated(format!("{NS}/{name}"), old.into(), new.into())
+}
+
+fn deleted(name: &str, t: &str) -> Seen {
+    Seen::Deleted(format!("{NS}/{name}"), t.into())
+}
+
+/// Receive exactly `n` changes (sorted, since a relist sends them in list order), then check
+/// that nothing more arrives for a moment.
+async fn next_changes(rx: &mut broadcast::Receiver<Change<Service>>, n: usize) -> Vec<Seen> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match tokio::time::timeout(WAIT, rx.recv()).await {
+            Ok(Ok(c)) => got.push(seen(c)),
+            Ok(Err(e)) => panic!("change stream: {e} after {got:?}"),
+            Err(_) => panic!("timed out waiting for {n} changes, got {got:?}"),
+        }
+    }
+    if let Ok(Ok(extra)) = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await {
+        panic!("unexpected change {:?} after {got:?}", seen(extra));
+    }
+    got.sort();
+    got
+}
+
+fn cached(informer: &SharedInformer<Service>) -> BTreeSet<String> {
+    informer.list().iter().map(|s| cache_key(&**s)).collect()
+}
+
+fn keys(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| format!("{NS}/{n}")).collect()
+}
+
+async fn create(api: &Api<Service>, name: &str, t: &str) {
+    let ports = json!([{"port": 80, "protocol": "TCP"}]);
+    api.create(
+        &PostParams::default(),
+        &obj(json!({"metadata": {"name": name}, "spec": {"type": t, "ports": ports}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
+async fn set_type(api: &Api<Service>, name: &str, t: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"type": t}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("patch {name}: {e}"));
+}
+
+async fn label(api: &Api<Service>, name: &str, value: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": value}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("label {name}: {e}"));
+}
+
+async fn delete(api: &Api<Service>, name: &str) {
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+}
+
+#[tokio::test]
+async fn changes_carry_both_versions_and_uncached_services_send_only_their_exit() {
+    let server = ApiServer::start().await.unwrap();
+    let api: Api<Service> = Api::namespaced(server.client(), NS);
+    let stop = CancellationToken::new();
+    create(&api, "before", "LoadBalancer").await;
+    create(&api, "plain-before", "ClusterIP").await;
+
+    let informer = SharedInformer::start(
+        Api::all(server.client()),
+        watcher::Config::default(),
+        cache_trim::service,
+        stop.clone(),
+    );
+    let mut rx = informer.subscribe();
+    assert!(informer.wait_synced().await);
+    // The first list: only the service that may have a load balancer is cached and sent.
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [added("before", "LoadBalancer")]
+    );
+    assert_eq!(cached(&informer), keys(&["before"]));
+
+    create(&api, "lb", "LoadBalancer").await;
+    create(&api, "plain", "ClusterIP").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [added("lb", "LoadBalancer")]
+    );
+
+    label(&api, "lb", "1").await;
+    label(&api, "plain", "1").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [updated("lb", "LoadBalancer", "LoadBalancer")]
+    );
+    let lb = informer
+        .store()
+        .get(&format!("{NS}/lb"))
+        .expect("lb cached");
+    assert_eq!(lb.metadata.labels.as_ref().unwrap()["x"], "1");
+    assert!(
+        lb.metadata.managed_fields.is_none(),
+        "the trim ran on the cached copy"
+    );
+
+    // Leaving the cache is an update to the uncached version; the later deletion sends nothing.
+    set_type(&api, "lb", "ClusterIP").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [updated("lb", "LoadBalancer", "ClusterIP")]
+    );
+    assert_eq!(cached(&informer), keys(&["before"]));
+    delete(&api, "lb").await;
+    delete(&api, "plain").await;
+    // Entering the cache is an addition.
+    set_type(&api, "plain-before", "LoadBalancer").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [added("plain-before", "LoadBalancer")]
+    );
+    delete(&api, "before").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [deleted("before", "LoadBalancer")]
+    );
+    assert_eq!(cached(&informer), keys(&["plain-before"]));
+    stop.cancel();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_relist_after_410_sends_the_differences_and_replaces_the_cache() {
+    let server = ApiServer::start_with(ApiServerOptions {
+        history_limit: 5,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ctl = server.controls();
+    let api: Api<Service> = Api::namespaced(server.client(), NS);
+    let stop = CancellationToken::new();
+    for name in ["kept", "changed", "leaving", "deleted"] {
+        create(&api, name, "LoadBalancer").await;
+    }
+    create(&api, "plain", "ClusterIP").await;
+    let informer = SharedInformer::start(
+        Api::all(server.client()),
+        watcher::Config::default(),
+        cache_trim::service,
+        stop.clone(),
+    );
+    let mut rx = informer.subscribe();
+    assert!(informer.wait_synced().await);
+    assert_eq!(next_changes(&mut rx, 4).await.len(), 4);
+    let kept_before = informer.store().get(&format!("{NS}/kept")).unwrap();
+
+    // Keep the watch down while more changes than the history window happen, so it resumes
+    // from a resourceVersion the server has forgotten (410) and relists.
+    let lists = |ctl: &ccm_host::apiserver::Controls| {
+        ctl.requests()
+            .iter()
+            .filter(|r| r.verb == "list" && r.resource == "services")
+            .count()
+    };
+    let lists_before = lists(&ctl);
+    ctl.fail_next(1_000, "watch", "services", 500);
+    ctl.drop_watches();
+    label(&api, "changed", "1").await;
+    set_type(&api, "leaving", "NodePort").await;
+    delete(&api, "deleted").await;
+    create(&api, "new", "LoadBalancer").await;
+    create(&api, "new-plain", "ClusterIP").await;
+    for i in 0..6 {
+        label(&api, "plain", &i.to_string()).await;
+    }
+    ctl.compact();
+    ctl.clear_faults();
+
+    // Every relisted object the cache keeps is sent (as upstream's resync does), leaving the
+    // cache is an update, an object gone during the outage is deleted, and uncached ones
+    // stay invisible.
+    let mut want = vec![
+        updated("kept", "LoadBalancer", "LoadBalancer"),
+        updated("changed", "LoadBalancer", "LoadBalancer"),
+        updated("leaving", "LoadBalancer", "NodePort"),
+        deleted("deleted", "LoadBalancer"),
+        added("new", "LoadBalancer"),
+    ];
+    want.sort();
+    assert_eq!(next_changes(&mut rx, want.len()).await, want);
+    assert_eq!(cached(&informer), keys(&["kept", "changed", "new"]));
+    assert!(lists(&ctl) > lists_before, "the watch relisted");
+    assert!(
+        ctl.requests()
+            .iter()
+            .any(|r| r.verb == "watch" && r.resource == "services" && r.code == 410),
+        "a watch was answered with 410"
+    );
+    let changed = informer.store().get(&format!("{NS}/changed")).unwrap();
+    assert_eq!(changed.metadata.labels.as_ref().unwrap()["x"], "1");
+    let kept = informer.store().get(&format!("{NS}/kept")).unwrap();
+    assert_eq!(
+        kept.metadata.resource_version,
+        kept_before.metadata.resource_version
+    );
+
+    // The watch is live again after the relist.
+    delete(&api, "new").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [deleted("new", "LoadBalancer")]
+    );
+    assert!(
+        wait_until(WAIT, || async {
+            cached(&informer) == keys(&["kept", "changed"])
+        })
+        .await
+    );
+    stop.cancel();
+    server.shutdown().await;
+}
