@@ -364,7 +364,13 @@ fn parse<T: DeserializeOwned>(what: &str, json: RStr<'_>) -> Result<T> {
 }
 
 fn parse_nodes(nodes: RSlice<'_, RString>) -> Result<Vec<Node>> {
-    nodes.iter().map(|n| parse("Node", n.as_rstr())).collect()
+    // Sized up front: a `Node` is over a kilobyte before its heap data, and collecting through
+    // `Result` would grow the vector by doubling.
+    let mut out = Vec::with_capacity(nodes.len());
+    for n in nodes.iter() {
+        out.push(parse("Node", n.as_rstr())?);
+    }
+    Ok(out)
 }
 
 fn addresses(v: Vec<NodeAddress>) -> RVec<crate::types::AbiNodeAddress> {

@@ -508,13 +508,14 @@ impl Provider {
         );
         let nodes = nodes_json(nodes)?;
         self.call("EnsureLoadBalancer", move |ctx| {
-            lb.ensure_load_balancer(
+            let status = lb.ensure_load_balancer(
                 ctx,
                 cluster.as_str().into(),
                 svc.as_str().into(),
                 nodes.as_slice().into(),
-            )
-            .map(|o| o.into_option().map(Into::into))
+            );
+            release_hosts(nodes);
+            status.map(|o| o.into_option().map(Into::into))
         })
         .await
     }
@@ -533,12 +534,14 @@ impl Provider {
         );
         let nodes = nodes_json(nodes)?;
         self.call("UpdateLoadBalancer", move |ctx| {
-            lb.update_load_balancer(
+            let done = lb.update_load_balancer(
                 ctx,
                 cluster.as_str().into(),
                 svc.as_str().into(),
                 nodes.as_slice().into(),
-            )
+            );
+            release_hosts(nodes);
+            done
         })
         .await
     }
@@ -823,12 +826,39 @@ fn read_key<T: Serialize>(value: &T) -> String {
 }
 
 /// The hosts of a load-balancer call, serialised straight from the caller's (cached) nodes.
+///
+/// Each node is written into one reused buffer and copied into a string of exactly its length:
+/// serialising into a fresh string leaves it with up to twice the capacity it needs, which for
+/// thousands of hosts doubled the memory of every call (see BENCHMARKS.md, "Memory").
 fn nodes_json(nodes: &[impl Borrow<Node>]) -> Result<Vec<RString>, ProviderError> {
-    nodes
-        .iter()
-        .map(|n| to_json("Node", n.borrow()).map(RString::from))
-        .collect()
+    let mut buf = Vec::with_capacity(4096);
+    let mut out = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        buf.clear();
+        serde_json::to_writer(&mut buf, n.borrow()).map_err(|e| {
+            ProviderError::other(format!("cannot serialise Node for the provider: {e}"))
+        })?;
+        // serde_json writes valid UTF-8.
+        let json = std::str::from_utf8(&buf)
+            .map_err(|e| ProviderError::other(format!("serialised Node is not UTF-8: {e}")))?;
+        out.push(RString::from(json));
+    }
+    Ok(out)
 }
+
+/// Free a load-balancer call's host list (the plugin has freed its parsed copy by now) and
+/// give the pages back ([`crate::malloc::release_free_memory`]) when the list was large.
+fn release_hosts(hosts: Vec<RString>) {
+    let large = hosts.len() >= RELEASE_AFTER_HOSTS;
+    drop(hosts);
+    if large {
+        crate::malloc::release_free_memory();
+    }
+}
+
+/// Host lists from this many nodes are followed by a trim of the heap ([`release_hosts`]):
+/// around a megabyte of JSON, and several more of parsed nodes in the plugin.
+const RELEASE_AFTER_HOSTS: usize = 500;
 
 fn from_abi_addresses(
     v: abi_stable::std_types::RVec<ccm_provider_abi::types::AbiNodeAddress>,
@@ -858,5 +888,34 @@ fn run_with_deadline<T: Send + 'static>(
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(ProviderError::panicked(
             format!("{op} ended without an answer"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_lists_are_the_nodes_json_in_strings_of_exactly_their_length() {
+        let node = |name: &str, label: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": {"zone": label, "emoji": "ünïcödé"}},
+                "spec": {"providerID": format!("fake://{name}")},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]},
+            }))
+            .unwrap()
+        };
+        let nodes = vec![
+            Arc::new(node("a", "z1")),
+            Arc::new(node("b-with-a-longer-name", "z2")),
+        ];
+        let hosts = nodes_json(&nodes).unwrap();
+        assert_eq!(hosts.len(), 2);
+        for (json, node) in hosts.iter().zip(&nodes) {
+            assert_eq!(json.as_str(), serde_json::to_string(&**node).unwrap());
+            assert_eq!(json.capacity(), json.len(), "no spare capacity kept");
+        }
+        let none: &[Node] = &[];
+        assert!(nodes_json(none).unwrap().is_empty());
     }
 }
