@@ -594,3 +594,55 @@ async fn kube_api_qps_limits_the_client() {
         "{requests} requests in {elapsed:.2}s: faster than 8/s (needs >= {minimum:.2}s)"
     );
 }
+
+/// kube-lease-manager keeps retrying a failing renewal while still reporting leadership; the
+/// daemon enforces upstream's renew deadline itself, so a leader that cannot renew stops (exit
+/// 1, "leaderelection lost") before its lease can expire under it and another replica take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let mut leader = Replica::start(dir.path(), "a", &kubeconfig, &[]);
+    let server_ref = &server;
+    tokio::task::block_in_place(|| {
+        wait_until("the replica leads", Duration::from_secs(30), || {
+            holder(server_ref).is_some() && leader.initialized() == 1
+        })
+    });
+    // Every lease write fails from now on (reads still work, so the Lease stays visible).
+    let leases = "leases.coordination.k8s.io";
+    server.controls().fail_next(10_000, "patch", leases, 500);
+    server.controls().fail_next(10_000, "update", leases, 500);
+    let failing_since = Instant::now();
+    let code = tokio::task::block_in_place(|| leader.wait_exit(Duration::from_secs(20)));
+    let after = failing_since.elapsed();
+    let _ = leader.child.kill();
+    let mut log = String::new();
+    use std::io::Read;
+    leader
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert_eq!(
+        code,
+        Some(1),
+        "the leader exits 1 once it cannot renew; log:\n{log}"
+    );
+    // Renew deadline 2 s after the last renewal (renewals every 1 s): well before the lease
+    // duration (3 s) plus a contender's retry period would let another replica lead.
+    assert!(
+        after < Duration::from_secs(5),
+        "stopped {after:?} after renewals started failing"
+    );
+    assert!(
+        log.contains(
+            "leaderelection lost: no renewal of the lease kube-system/cloud-controller-manager"
+        ),
+        "log: {log}"
+    );
+}

@@ -4,8 +4,15 @@
 //! leader whose renewals are stuck while it still believes it leads.
 //!
 //! kube-lease-manager renews the lease internally and does not report renewals, so while this
-//! replica leads, [`LeaseHealth::track`] reads the Lease every retry period and records when it
-//! last saw `renewTime` advance under our identity.
+//! replica leads, [`LeaseHealth::track`] reads the Lease twice per retry period and records
+//! when the last renewal under our identity happened (its `renewTime`).
+//!
+//! The same record gives upstream's renew deadline, which kube-lease-manager lacks: it keeps
+//! retrying a failing renewal while still reporting leadership, so a leader whose renewals
+//! failed or hung (API errors, latency) went on running its controllers after the lease had
+//! expired and another replica had taken it: two leaders (found by the soak).
+//! [`LeaseHealth::lost`] resolves once no renewal has been seen for the renew deadline, or the
+//! Lease names another holder; the daemon then stops leading, as client-go's elector does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,8 +32,10 @@ pub struct LeaseHealth {
     lease: String,
     tolerance: Duration,
     leading: Arc<AtomicBool>,
-    /// When a renewal under our identity was last observed.
+    /// When the last renewal under our identity observed happened.
     renewed: Arc<Mutex<Option<Instant>>>,
+    /// Another holder observed in the Lease while this replica leads.
+    taken_by: Arc<Mutex<Option<String>>>,
 }
 
 impl LeaseHealth {
@@ -37,6 +46,7 @@ impl LeaseHealth {
             tolerance: lease_duration + HEALTHZ_TIMEOUT,
             leading: Arc::new(AtomicBool::new(false)),
             renewed: Arc::new(Mutex::new(None)),
+            taken_by: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -52,7 +62,55 @@ impl LeaseHealth {
     }
 
     fn record_renewal(&self) {
-        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.record_renewal_aged(Duration::ZERO);
+    }
+
+    /// Record a renewal that happened `age` ago.
+    fn record_renewal_aged(&self, age: Duration) {
+        let now = Instant::now();
+        let at = now.checked_sub(age).unwrap_or(now);
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    }
+
+    fn record_holder(&self, holder: &str) {
+        *self.taken_by.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder.to_string());
+    }
+
+    /// Why this replica must stop leading, if it must: no renewal seen for `renew_deadline`,
+    /// or the Lease names another holder.
+    pub fn lost_reason(&self, renew_deadline: Duration) -> Option<String> {
+        if !self.leading.load(Ordering::Acquire) {
+            return None;
+        }
+        if let Some(holder) = self
+            .taken_by
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return Some(format!("the lease {} is held by {holder}", self.lease));
+        }
+        let renewed = *self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        match renewed {
+            Some(at) if at.elapsed() <= renew_deadline => None,
+            Some(at) => Some(format!(
+                "no renewal of the lease {} for {:.1?} (renew deadline {renew_deadline:?})",
+                self.lease,
+                at.elapsed()
+            )),
+            None => Some(format!("no renewal of the lease {} seen", self.lease)),
+        }
+    }
+
+    /// Resolves with the reason once this replica, leading, must stop ([`Self::lost_reason`]);
+    /// checked every 100 ms.
+    pub async fn lost(&self, renew_deadline: Duration) -> String {
+        loop {
+            if let Some(reason) = self.lost_reason(renew_deadline) {
+                return reason;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The check: `Err` with upstream's message when the leader's renewals are overdue.
@@ -73,9 +131,9 @@ impl LeaseHealth {
         }
     }
 
-    /// While leading, read the Lease every `period` and record renewals by `identity`, until
-    /// `stop` is cancelled. A failed read records nothing (so a leader cut off from the API
-    /// server turns unhealthy, as upstream's does).
+    /// While leading, read the Lease every `period` and record renewals by `identity` (and any
+    /// other holder), until `stop` is cancelled. A failed read records nothing (so a leader cut
+    /// off from the API server turns unhealthy and loses the lease, as upstream's does).
     pub async fn track(
         self,
         api: Api<Lease>,
@@ -95,16 +153,32 @@ impl LeaseHealth {
             match api.get_opt(&name).await {
                 Ok(Some(lease)) => {
                     let spec = lease.spec.unwrap_or_default();
-                    if spec.holder_identity.as_deref() != Some(identity.as_str()) {
-                        continue;
+                    match spec.holder_identity.as_deref() {
+                        Some(holder) if holder == identity => {}
+                        Some(holder) if !holder.is_empty() => {
+                            self.record_holder(holder);
+                            continue;
+                        }
+                        _ => continue,
                     }
+                    // The age of the renewal by its renewTime (written with this host's
+                    // clock by our own lease manager), so the deadline does not also count
+                    // how late this read came.
+                    let age = spec.renew_time.as_ref().map(|t| {
+                        let written = u64::try_from(t.0.as_millisecond()).unwrap_or(0);
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                            .unwrap_or(0);
+                        Duration::from_millis(now.saturating_sub(written))
+                    });
                     let renew = spec
                         .renew_time
                         .map(|t| format!("{:?}", t.0))
                         .or(lease.metadata.resource_version);
                     if renew.is_some() && renew != last_seen {
                         last_seen = renew;
-                        self.record_renewal();
+                        self.record_renewal_aged(age.unwrap_or(Duration::ZERO));
                     }
                 }
                 Ok(None) => tracing::debug!(lease = %self.lease, "lease not found"),
@@ -142,5 +216,41 @@ mod tests {
         );
         h.stopped_leading();
         assert_eq!(h.check(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_leader_is_lost_after_the_renew_deadline_or_when_another_holds_the_lease() {
+        let deadline = Duration::from_secs(10);
+        let h = LeaseHealth::new("kube-system", "ccm", Duration::from_secs(15));
+        assert_eq!(
+            h.lost_reason(deadline),
+            None,
+            "a standby has nothing to lose"
+        );
+        h.became_leader();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(h.lost_reason(deadline), None, "10 s is within the deadline");
+        // A renewal observed late counts from when it happened.
+        h.record_renewal_aged(Duration::from_secs(4));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(h.lost_reason(deadline), None);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let reason = h.lost_reason(deadline).expect("deadline passed");
+        assert!(
+            reason.starts_with("no renewal of the lease kube-system/ccm for 10.5s"),
+            "{reason}"
+        );
+        let lost = tokio::time::timeout(Duration::from_secs(1), h.lost(deadline)).await;
+        assert_eq!(lost.ok().as_deref(), Some(reason.as_str()));
+
+        h.record_renewal();
+        assert_eq!(h.lost_reason(deadline), None);
+        h.record_holder("other-replica");
+        assert_eq!(
+            h.lost_reason(deadline).as_deref(),
+            Some("the lease kube-system/ccm is held by other-replica")
+        );
+        h.stopped_leading();
+        assert_eq!(h.lost_reason(deadline), None);
     }
 }

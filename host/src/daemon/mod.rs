@@ -165,9 +165,12 @@ impl Daemon {
             return 0;
         }
 
+        // kube-lease-manager renews `grace` seconds before the lease expires. Renew every
+        // retry period, as client-go's elector tries to, so that a failed renewal is retried
+        // well within the renew deadline (enforced below with `LeaseHealth::lost`).
         let lease_secs = self.settings.lease_duration.as_secs().max(1);
         let grace = lease_secs
-            .saturating_sub(self.settings.renew_deadline.as_secs())
+            .saturating_sub(self.settings.retry_period.as_secs().max(1))
             .max(1);
         // Building the manager reads (or creates) the Lease. Like upstream's elector, which
         // retries every retry period on any API error before it first leads, a failure here is
@@ -240,7 +243,7 @@ impl Daemon {
             ),
             self.args.leader_elect_resource_name.clone(),
             self.identity.clone(),
-            self.settings.retry_period,
+            self.settings.retry_period / 2,
             self.stop.clone(),
         ));
         let handles = match self.start_controllers().await {
@@ -267,6 +270,14 @@ impl Daemon {
                         self.stop.cancel();
                         return EXIT_FATAL;
                     }
+                }
+                // Upstream's renew deadline (see `lease_health`): stop before the lease can
+                // expire under a replica that still runs controllers.
+                reason = lease_health.lost(self.settings.renew_deadline) => {
+                    lease_health.stopped_leading();
+                    tracing::error!("leaderelection lost: {reason}");
+                    self.stop.cancel();
+                    return EXIT_FATAL;
                 }
             }
         }
