@@ -94,16 +94,6 @@ impl<K> Store<K> {
         self.read().values().cloned().collect()
     }
 
-    /// How many objects are cached.
-    pub fn len(&self) -> usize {
-        self.read().len()
-    }
-
-    /// Whether the cache is empty.
-    pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
-    }
-
     fn insert(&self, key: String, obj: Arc<K>) -> Option<Arc<K>> {
         self.write().insert(key, obj)
     }

@@ -109,6 +109,17 @@ impl Replica {
         }
     }
 
+    /// Kill the replica (if still running) and return everything it logged.
+    fn kill_and_read_log(&mut self) -> String {
+        use std::io::Read;
+        let _ = self.child.kill();
+        let mut log = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut log);
+        }
+        log
+    }
+
     fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
         let started = Instant::now();
         while started.elapsed() < timeout {
@@ -337,14 +348,7 @@ async fn all_controllers_run_end_to_end_in_the_real_binary() {
         std::thread::sleep(Duration::from_millis(50));
     });
     if !converged {
-        let _ = replica.child.kill();
-        let mut log = String::new();
-        use std::io::Read;
-        let _ = replica
-            .child
-            .stderr
-            .take()
-            .map(|mut e| e.read_to_string(&mut log));
+        let log = replica.kill_and_read_log();
         panic!("did not converge within 60s: {last}\nhost log:\n{log}");
     }
     for check in [
@@ -618,16 +622,7 @@ async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
     let failing_since = Instant::now();
     let code = tokio::task::block_in_place(|| leader.wait_exit(Duration::from_secs(20)));
     let after = failing_since.elapsed();
-    let _ = leader.child.kill();
-    let mut log = String::new();
-    use std::io::Read;
-    leader
-        .child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    let log = leader.kill_and_read_log();
     assert_eq!(
         code,
         Some(1),

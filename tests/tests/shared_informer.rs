@@ -120,6 +120,25 @@ async fn delete(api: &Api<Service>, name: &str) {
         .unwrap_or_else(|e| panic!("delete {name}: {e}"));
 }
 
+/// The services informer with the host's trim, subscribed before its first list and synced.
+async fn start_synced(
+    server: &ApiServer,
+    stop: &CancellationToken,
+) -> (
+    SharedInformer<Service>,
+    broadcast::Receiver<Change<Service>>,
+) {
+    let informer = SharedInformer::start(
+        Api::all(server.client()),
+        watcher::Config::default(),
+        cache_trim::service,
+        stop.clone(),
+    );
+    let rx = informer.subscribe();
+    assert!(informer.wait_synced().await);
+    (informer, rx)
+}
+
 #[tokio::test]
 async fn changes_carry_both_versions_and_uncached_services_send_only_their_exit() {
     let server = ApiServer::start().await.unwrap();
@@ -128,14 +147,7 @@ async fn changes_carry_both_versions_and_uncached_services_send_only_their_exit(
     create(&api, "before", "LoadBalancer").await;
     create(&api, "plain-before", "ClusterIP").await;
 
-    let informer = SharedInformer::start(
-        Api::all(server.client()),
-        watcher::Config::default(),
-        cache_trim::service,
-        stop.clone(),
-    );
-    let mut rx = informer.subscribe();
-    assert!(informer.wait_synced().await);
+    let (informer, mut rx) = start_synced(&server, &stop).await;
     // The first list: only the service that may have a load balancer is cached and sent.
     assert_eq!(
         next_changes(&mut rx, 1).await,
@@ -206,14 +218,7 @@ async fn a_relist_after_410_sends_the_differences_and_replaces_the_cache() {
         create(&api, name, "LoadBalancer").await;
     }
     create(&api, "plain", "ClusterIP").await;
-    let informer = SharedInformer::start(
-        Api::all(server.client()),
-        watcher::Config::default(),
-        cache_trim::service,
-        stop.clone(),
-    );
-    let mut rx = informer.subscribe();
-    assert!(informer.wait_synced().await);
+    let (informer, mut rx) = start_synced(&server, &stop).await;
     assert_eq!(next_changes(&mut rx, 4).await.len(), 4);
     let kept_before = informer.store().get(&format!("{NS}/kept")).unwrap();
 
