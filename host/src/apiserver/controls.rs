@@ -35,10 +35,26 @@ pub struct RequestRecord {
     pub content_type: String,
     /// Request body (lossy UTF-8).
     pub body: String,
+    /// `User-Agent` header, empty if none: tells the host's clients apart (leader election,
+    /// each controller, the shared informers).
+    pub user_agent: String,
+    /// When the server received the request (before any injected latency).
+    #[serde(with = "received_at_millis")]
+    pub received_at: std::time::SystemTime,
     /// HTTP status code answered. Watches record the code of their start; a watch started from a
     /// too-old resourceVersion records 410 (the wire answer is 200 with an ERROR event, as
     /// upstream does).
     pub code: u16,
+}
+
+/// `received_at` as milliseconds since the Unix epoch in the JSON form of a record.
+mod received_at_millis {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    pub fn serialize<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let millis = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        s.serialize_u128(millis)
+    }
 }
 
 impl RequestRecord {

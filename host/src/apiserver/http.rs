@@ -85,6 +85,7 @@ fn accepts_json(headers: &HeaderMap) -> bool {
 
 /// The single axum handler: every request comes here.
 pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request<Body>) -> Response {
+    let received_at = std::time::SystemTime::now();
     let latency = shared.ctl().latency;
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -118,6 +119,13 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, req: Request<Body>
         name: String::new(),
         content_type: content_type.clone(),
         body: String::from_utf8_lossy(&body).into_owned(),
+        user_agent: parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string(),
+        received_at,
         code: 0,
     };
     let (resp, code) = route(
