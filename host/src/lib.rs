@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod duration;
 pub mod events;
 pub mod informer;
+pub mod kube_clients;
 pub mod malloc;
 pub mod metrics;
 pub mod patches;

@@ -131,6 +131,13 @@ impl ControllerContext {
         EventRecorder::new(self.client.clone(), component, &self.host_identity)
     }
 
+    /// The same context writing through `client` (the daemon gives each controller its own
+    /// client, as upstream does: see [`crate::kube_clients`]). The shared informers keep theirs.
+    pub fn with_client(mut self, client: kube::Client) -> Self {
+        self.client = client;
+        self
+    }
+
     /// The same context for the controller `name`: its provider calls are labelled with the
     /// name in the call metrics and queued under it in the cloud-call budget.
     pub fn for_controller(&self, name: &'static str) -> Self {

@@ -17,12 +17,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::{self, ControllerContext};
+use crate::kube_clients::{self, KubeClients};
 use crate::metrics::Metrics;
 use crate::plugin::PluginRegistry;
 use crate::provider::{HostServices, Provider, ProviderOptions};
@@ -86,7 +86,7 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
             return EXIT_USAGE;
         }
     }
-    let client = match build_client(&args, &settings).await {
+    let clients = match build_clients(&args, &settings).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -129,7 +129,7 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
         args,
         settings,
         provider,
-        client,
+        clients,
         identity,
         metrics,
         health,
@@ -143,7 +143,7 @@ struct Daemon {
     args: RunArgs,
     settings: RunSettings,
     provider: Provider,
-    client: Client,
+    clients: KubeClients,
     identity: String,
     metrics: Arc<Metrics>,
     health: http::Health,
@@ -172,12 +172,21 @@ impl Daemon {
         let grace = lease_secs
             .saturating_sub(self.settings.retry_period.as_secs().max(1))
             .max(1);
+        // Leader election has a client of its own (own rate limiter and User-Agent, as
+        // upstream), so no backlog of controller requests can delay a renewal.
+        let lease_client = match self.clients.client(kube_clients::LEADER_ELECTION) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return EXIT_USAGE;
+            }
+        };
         // Building the manager reads (or creates) the Lease. Like upstream's elector, which
         // retries every retry period on any API error before it first leads, a failure here is
         // retried: a 5xx or 429 at start-up must not make the replica exit (found by the soak).
         let manager = loop {
             let built = kube_lease_manager::LeaseManagerBuilder::new(
-                self.client.clone(),
+                lease_client.clone(),
                 &self.args.leader_elect_resource_name,
             )
             .with_namespace(&self.args.leader_elect_resource_namespace)
@@ -238,7 +247,7 @@ impl Daemon {
         lease_health.became_leader();
         tokio::spawn(lease_health.clone().track(
             kube::Api::namespaced(
-                self.client.clone(),
+                lease_client.clone(),
                 &self.args.leader_elect_resource_namespace,
             ),
             self.args.leader_elect_resource_name.clone(),
@@ -285,9 +294,21 @@ impl Daemon {
 
     /// Initialize the provider, start the informers and every enabled controller.
     async fn start_controllers(&self) -> Result<Vec<(ControllerName, JoinHandle<()>)>, i32> {
+        let client = |name: &str| {
+            self.clients.client(name).map_err(|e| {
+                eprintln!("error: {e}");
+                self.stop.cancel();
+                EXIT_FATAL
+            })
+        };
+        // The provider's own API access (upstream hands it the client builder) is named
+        // after the provider.
         let host = HostServices::new(
             &self.settings.controllers.cluster_name,
-            Some(self.client.clone()),
+            Some(client(&format!(
+                "cloud-provider-{}",
+                self.provider.registered_name()
+            ))?),
             Arc::new(AtomicBool::new(false)),
         );
         if let Err(e) = self.provider.initialize(host).await {
@@ -295,7 +316,7 @@ impl Daemon {
             return Err(EXIT_FATAL);
         }
         let ctx = ControllerContext::new(
-            &self.client,
+            &client(kube_clients::SHARED_INFORMERS)?,
             &self.provider,
             &self.metrics,
             self.settings.controllers.clone(),
@@ -304,7 +325,10 @@ impl Daemon {
         );
         let mut handles = Vec::new();
         for name in self.settings.selection.enabled() {
-            match start_controller(name, &ctx.for_controller(name.canonical), &self.args) {
+            let ctx = ctx
+                .for_controller(name.canonical)
+                .with_client(client(name.client)?);
+            match start_controller(name, &ctx, &self.args) {
                 Ok(Some(handle)) => {
                     tracing::info!(controller = name.canonical, "started");
                     handles.push((name, handle));
@@ -423,7 +447,10 @@ fn build_provider(
     Ok(provider)
 }
 
-async fn build_client(args: &RunArgs, settings: &RunSettings) -> Result<Client, String> {
+/// The daemon's API clients (see [`KubeClients`]): from `--kubeconfig` (else in-cluster, then
+/// `~/.kube/config`), `--master` overriding the server, each limited by
+/// `--kube-api-qps`/`--kube-api-burst`.
+async fn build_clients(args: &RunArgs, settings: &RunSettings) -> Result<KubeClients, String> {
     let mut config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -441,14 +468,7 @@ async fn build_client(args: &RunArgs, settings: &RunSettings) -> Result<Client, 
             .parse()
             .map_err(|e| format!("invalid --master {master:?}: {e}"))?;
     }
-    // client-go's client-side limit (--kube-api-qps/--kube-api-burst) as a layer of the stack.
-    let limiter =
-        crate::rate_limit::FairLimiter::new(settings.kube_api_qps, settings.kube_api_burst);
-    let builder = kube::client::ClientBuilder::try_from(config)
-        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
-    Ok(builder
-        .with_layer(&crate::rate_limit::RateLimitLayer::new(limiter, "kube-api"))
-        .build())
+    KubeClients::new(config, settings.kube_api_qps, settings.kube_api_burst)
 }
 
 /// `<hostname>_<random>` like upstream's leader-election identity.

@@ -7,6 +7,9 @@ pub struct ControllerName {
     pub canonical: &'static str,
     /// Alias (`cloud-node`), also the `running_managed_controllers` name.
     pub alias: &'static str,
+    /// Upstream's client identity: the User-Agent suffix of the controller's own API client
+    /// (both node controllers are `node-controller` upstream).
+    pub client: &'static str,
 }
 
 /// Every controller the host knows, in start order.
@@ -14,18 +17,22 @@ pub const CONTROLLERS: [ControllerName; 4] = [
     ControllerName {
         canonical: "cloud-node-controller",
         alias: "cloud-node",
+        client: "node-controller",
     },
     ControllerName {
         canonical: "cloud-node-lifecycle-controller",
         alias: "cloud-node-lifecycle",
+        client: "node-controller",
     },
     ControllerName {
         canonical: "service-lb-controller",
         alias: "service",
+        client: "service-controller",
     },
     ControllerName {
         canonical: "node-route-controller",
         alias: "route",
+        client: "route-controller",
     },
 ];
 

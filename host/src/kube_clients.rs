@@ -1,0 +1,115 @@
+//! The daemon's Kubernetes API clients: one per user, each with its own client-side rate limit
+//! and User-Agent, as upstream's client builder makes them.
+//!
+//! Upstream's cloud-controller-manager builds every client from the same kubeconfig but as a
+//! separate clientset: one for leader election (user agent `…/leader-election`), one for the
+//! shared informers (`…/shared-informers`) and one per controller (`ClientBuilder.ClientOrDie`
+//! with the controller's client identity, e.g. `…/node-controller`). Each clientset gets its own
+//! token bucket of `--kube-api-qps`/`--kube-api-burst`. Two things follow, and ccm-host keeps
+//! both:
+//! - a controller's backlog never delays a lease renewal (with one shared queue, 200 new nodes
+//!   at the default 20 qps held renewals back past the 10 s renew deadline and the leader
+//!   stepped down before anything converged);
+//! - the API server's audit log, metrics and priority-and-fairness rules can tell the clients
+//!   apart by User-Agent.
+//!
+//! As upstream, the client-side limit is per client, not per process: the process as a whole
+//! may send (controllers + 2) × `--kube-api-qps` requests per second at most.
+
+use kube::Client;
+
+use crate::rate_limit::{FairLimiter, RateLimitLayer};
+
+/// Client name of leader election (upstream's `leader-election` user agent suffix).
+pub const LEADER_ELECTION: &str = "leader-election";
+/// Client name of the shared node and service informers.
+pub const SHARED_INFORMERS: &str = "shared-informers";
+
+/// Builds the daemon's clients from one API configuration and one client-side limit.
+#[derive(Clone)]
+pub struct KubeClients {
+    config: kube::Config,
+    qps: f64,
+    burst: u32,
+}
+
+impl std::fmt::Debug for KubeClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeClients")
+            .field("cluster_url", &self.config.cluster_url)
+            .field("qps", &self.qps)
+            .field("burst", &self.burst)
+            .finish()
+    }
+}
+
+impl KubeClients {
+    /// Clients of `config`, each limited to `qps` requests per second with bursts of `burst`.
+    ///
+    /// # Errors
+    /// When no client can be built from `config` (checked once here, so [`Self::client`] only
+    /// fails for the same reasons).
+    pub fn new(config: kube::Config, qps: f64, burst: u32) -> Result<Self, String> {
+        let clients = Self { config, qps, burst };
+        clients.client(LEADER_ELECTION)?;
+        Ok(clients)
+    }
+
+    /// A new client named `name`: its own connection pool, its own token bucket and the
+    /// User-Agent [`user_agent`]`(name)` on every request.
+    ///
+    /// # Errors
+    /// When the configuration cannot make a client (e.g. unreadable TLS material).
+    pub fn client(&self, name: &str) -> Result<Client, String> {
+        let mut config = self.config.clone();
+        let agent = http::HeaderValue::from_str(&user_agent(name))
+            .map_err(|e| format!("invalid client name {name:?}: {e}"))?;
+        config
+            .headers
+            .retain(|(header, _)| header != http::header::USER_AGENT);
+        config.headers.push((http::header::USER_AGENT, agent));
+        let builder = kube::client::ClientBuilder::try_from(config)
+            .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+        let limiter = FairLimiter::new(self.qps, self.burst);
+        Ok(builder
+            .with_layer(&RateLimitLayer::new(limiter, "kube-api"))
+            .build())
+    }
+}
+
+/// Upstream's User-Agent shape for the client `name`:
+/// `cloud-controller-manager/v<version> (<os>/<arch>) ccm-host/<name>` (upstream has
+/// `kubernetes/<commit>` where this names the host).
+pub fn user_agent(name: &str) -> String {
+    // Go's GOARCH spelling, as upstream's agent has it.
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64",
+        other => other,
+    };
+    format!(
+        "cloud-controller-manager/v{} ({}/{arch}) ccm-host/{name}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_agent_has_upstreams_shape_and_names_the_client() {
+        let agent = user_agent(LEADER_ELECTION);
+        assert!(
+            agent.starts_with(&format!(
+                "cloud-controller-manager/v{} (linux/",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{agent}"
+        );
+        assert!(agent.ends_with(") ccm-host/leader-election"), "{agent}");
+        assert!(!agent.contains("x86_64"), "Go's arch names: {agent}");
+    }
+}
