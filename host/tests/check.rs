@@ -81,11 +81,17 @@ impl Run {
 }
 
 fn check(dir: &Path, args: &[&str]) -> Run {
+    check_in(dir, dir, args)
+}
+
+/// `ccm-host check` run in the working directory `cwd`.
+fn check_in(dir: &Path, cwd: &Path, args: &[&str]) -> Run {
     let Output {
         status,
         stdout,
         stderr,
     } = Command::new(BIN)
+        .current_dir(cwd)
         .arg("check")
         .arg("--plugin-dir")
         .arg(plugin_dir(dir))
@@ -117,13 +123,12 @@ instances:
   - {name: stopped-1, shutdown: true}
 ";
 
-/// The example provider's table for the default check nodes.
-const EXAMPLE_CONFIG: &str = "\
-# node        instance-id  internal-ip  zone    region
-ccm-check-1   i-001        10.0.0.1     zone-a  region-1
-ccm-check-2   i-002        10.0.0.2     zone-a  region-1
-ccm-check-3   i-003        10.0.0.3     zone-b  region-1
-";
+/// The cloud config the example provider ships for the default check nodes (the file the guide
+/// and the README name).
+const EXAMPLE_CONFIG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../providers/example/example.conf"
+);
 
 #[test]
 fn fake_provider_passes_every_check_v2_and_legacy() {
@@ -175,12 +180,20 @@ fn fake_provider_passes_every_check_v2_and_legacy() {
 }
 
 #[test]
-fn example_provider_passes_with_lb_and_route_checks_skipped() {
+fn example_provider_passes_with_its_shipped_config() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write(dir.path(), "example.conf", EXAMPLE_CONFIG);
-    let run = check(
+    // The command of docs/writing-a-provider.md and the README, run from the repository root.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    assert!(Path::new(EXAMPLE_CONFIG).is_file(), "{EXAMPLE_CONFIG}");
+    let run = check_in(
         dir.path(),
-        &["--cloud-provider", "example", "--cloud-config", &config],
+        root,
+        &[
+            "--cloud-provider",
+            "example",
+            "--cloud-config",
+            "providers/example/example.conf",
+        ],
     );
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     // The text table: header, one row per check, summary.
