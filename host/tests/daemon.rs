@@ -662,7 +662,8 @@ async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
 
 /// One successful write of the Lease, as the API server received it.
 struct LeaseWrite {
-    holder: String,
+    /// `spec.holderIdentity` when the write sets it (acquisitions; renewals only set the time).
+    holder: Option<String>,
     /// `spec.renewTime` of the write.
     renew: k8s_openapi::jiff::Timestamp,
     received: std::time::SystemTime,
@@ -684,7 +685,7 @@ fn lease_writes(server: &ApiServer) -> Vec<LeaseWrite> {
             let body = r.json();
             let renew = body["spec"]["renewTime"].as_str()?.parse().ok()?;
             Some(LeaseWrite {
-                holder: body["spec"]["holderIdentity"].as_str()?.to_string(),
+                holder: body["spec"]["holderIdentity"].as_str().map(str::to_string),
                 renew,
                 received: r.received_at,
             })
@@ -693,14 +694,14 @@ fn lease_writes(server: &ApiServer) -> Vec<LeaseWrite> {
 }
 
 /// Field conditions: the default-shaped client limit (here scaled down with the cluster, 4 qps
-/// for 60 nodes and 12 LoadBalancer services, a backlog of well over the renew deadline) and
+/// for 80 nodes and 16 LoadBalancer services, a backlog of well over the renew deadline) and
 /// upstream's lease timings (15s/10s/2s). Controller traffic must never delay a renewal: leader
 /// election has its own client and rate limiter, as upstream. With one shared client queue the
 /// renewals waited behind the backlog and the leader stepped down ("leaderelection lost").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_renews_on_schedule_behind_a_controller_backlog_at_the_client_limit() {
-    const NODES: usize = 60;
-    const SERVICES: usize = 12;
+    const NODES: usize = 80;
+    const SERVICES: usize = 16;
     const RETRY: Duration = Duration::from_secs(2);
     // Renewals come every retry period; the slack covers a request's latency on a loaded
     // machine and is far below the 10 s renew deadline that a queued renewal exceeded.
@@ -798,7 +799,7 @@ async fn the_leader_renews_on_schedule_behind_a_controller_backlog_at_the_client
     let writes = lease_writes(&server);
     assert!(writes.len() >= 3, "{} lease writes", writes.len());
     let holders: std::collections::BTreeSet<&str> =
-        writes.iter().map(|w| w.holder.as_str()).collect();
+        writes.iter().filter_map(|w| w.holder.as_deref()).collect();
     assert_eq!(holders.len(), 1, "one holder throughout: {holders:?}");
     let max_gap = |gaps: Vec<Duration>| gaps.into_iter().max().unwrap_or_default();
     let renew_gap = max_gap(
