@@ -1,5 +1,5 @@
 //! The API write helpers upstream controllers use, with the same wire behaviour
-//! (`../shared/spec/upstream-behavior.md` §2.0): label patch, taint patch with optimistic
+//! (docs/upstream-compat.md#api-writes): label patch, taint patch with optimistic
 //! concurrency, node status (addresses) patch with `$patch: replace`, node condition patch, and
 //! service patches through the `status` subresource.
 

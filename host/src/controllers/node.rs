@@ -1,5 +1,5 @@
-//! The cloud-node controller (canonical `cloud-node-controller`, alias `cloud-node`),
-//! `../shared/spec/upstream-behavior.md` §2.1: initialises nodes that carry the
+//! The cloud-node controller (canonical `cloud-node-controller`, alias `cloud-node`;
+//! docs/upstream-compat.md#node-controller): initialises nodes that carry the
 //! `node.cloudprovider.kubernetes.io/uninitialized` taint from the cloud's instance metadata
 //! (provider ID, instance-type / zone / region labels, additional labels, addresses), removes
 //! the taint, keeps the GA labels of initialised nodes equal to their beta labels, and refreshes
@@ -10,7 +10,8 @@
 //! syncs are re-queued with upstream's default controller rate limiter: per-node exponential
 //! backoff 5ms → 1000s combined (max of both) with an overall 10 qps / burst 100 token bucket.
 //!
-//! Deliberate differences from upstream (spec §6 and below), each marked in the code:
+//! Deliberate differences from upstream (docs/upstream-compat.md#node-controller, with the
+//! reasons), each marked in the code:
 //! - nil instance metadata in the periodic address loop is skipped (upstream dereferences it);
 //! - the initialisation update re-reads the node from the API (not the cache) after a Conflict,
 //!   so a retry does not replay the same stale object; a node deleted meanwhile ends the sync

@@ -1,5 +1,5 @@
 //! Pure helpers of the cloud-node controller for node addresses and labels
-//! (`../shared/spec/upstream-behavior.md` §2.1): the `alpha.kubernetes.io/provided-node-ip`
+//! (docs/upstream-compat.md#node-addresses): the `alpha.kubernetes.io/provided-node-ip`
 //! annotation (parsing and the ordering rules), the merge of cloud addresses with the kubelet's
 //! Hostname, address change detection, the AdditionalLabels key filter and the beta → GA label
 //! reconciliation.

@@ -1,5 +1,5 @@
 //! The cloud-node-lifecycle controller (canonical `cloud-node-lifecycle-controller`, alias
-//! `cloud-node-lifecycle`), `../shared/spec/upstream-behavior.md` §2.2: every
+//! `cloud-node-lifecycle`; docs/upstream-compat.md#node-lifecycle-controller): every
 //! `--node-monitor-period`, for every node: a Ready node loses the shutdown taint; a node that
 //! is not Ready is deleted when its instance no longer exists in the cloud, and gets the
 //! shutdown taint when its instance is shut down.

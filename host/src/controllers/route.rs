@@ -1,15 +1,15 @@
 //! The route controller (canonical `node-route-controller`, alias `route`): makes the cloud's
 //! pod-network routes match the nodes' `spec.podCIDRs` and reports the result in each node's
-//! `NetworkUnavailable` condition (`../shared/spec/upstream-behavior.md` §2.4).
+//! `NetworkUnavailable` condition (docs/upstream-compat.md#route-controller).
 //!
 //! Triggers (beyond upstream's default timer-only mode, like its alpha watch mode): node add,
 //! delete, podCIDRs change or address change start a reconcile at once, but never more than one
 //! per `--route-reconciliation-period`; a full pass also runs every period when nothing
 //! happens, so drift in the cloud is repaired.
 //!
-//! Deliberate difference from upstream (spec §6): an empty or invalid `--cluster-cidr` while
-//! routes are enabled is a clear start-up error naming the flag and how to turn routes off,
-//! instead of a crash.
+//! Deliberate difference from upstream (docs/upstream-compat.md#route-controller): an empty or
+//! invalid `--cluster-cidr` while routes are enabled is a clear start-up error naming the flag
+//! and how to turn routes off, instead of a crash.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

@@ -1,7 +1,7 @@
 //! The service load-balancer controller (canonical `service-lb-controller`, alias `service`):
 //! provisions a cloud load balancer for every Service of type `LoadBalancer`, keeps its hosts in
 //! line with the nodes, publishes its address in `status.loadBalancer`, and deletes it when the
-//! Service goes away (`../shared/spec/upstream-behavior.md` §2.3).
+//! Service goes away (docs/upstream-compat.md#service-controller).
 //!
 //! Upstream behaviour, kept exactly:
 //! - The finalizer `service.kubernetes.io/load-balancer-cleanup` is added before any cloud call
@@ -27,7 +27,7 @@
 //! class: it is not provisioned, and if it still carries our finalizer its deletion cleans up
 //! the load balancer this host created.
 //!
-//! # Deliberate differences (spec §6)
+//! # Deliberate differences (docs/upstream-compat.md#service-controller)
 //! - Reading and storing a service's last-synced host set happen under one lock (upstream takes
 //!   the lock twice), so two node syncs can never interleave between them.
 //! - A panic while syncing a service is turned into a sync error (rate-limited retry) instead of

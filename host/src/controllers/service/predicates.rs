@@ -1,4 +1,4 @@
-//! The pure decisions of the service controller (`../shared/spec/upstream-behavior.md` §2.3):
+//! The pure decisions of the service controller (docs/upstream-compat.md#service-controller):
 //! which services want a load balancer, `needsCleanup`, `needsUpdate`, the node predicates
 //! (with Go's `strconv.ParseBool`), node-set comparison, status equality and the node-name
 //! formatting of the `UpdateLoadBalancerFailed` event.
