@@ -12,12 +12,14 @@
 //!
 //! # Served
 //! core/v1 `namespaces` (`default`, `kube-system`, `kube-public`, `kube-node-lease` exist at
-//! start), `nodes` and `services` (with `status`), `events`, `configmaps`, `secrets`;
-//! coordination.k8s.io/v1 `leases`; events.k8s.io/v1 `events`; discovery (`/api`, `/apis`,
+//! start), `nodes` and `services` (with `status`), `events`, `configmaps`, `secrets`, `pods`
+//! (with `status`) and `endpoints`; coordination.k8s.io/v1 `leases`; events.k8s.io/v1 `events`;
+//! discovery.k8s.io/v1 `endpointslices` (what `kubectl describe node`/`describe service` read:
+//! nothing creates pods or endpoints here, so they list empty); discovery (`/api`, `/apis`,
 //! group versions), `/version`, `/healthz`, `/readyz`, `/livez`. JSON only: a client that
 //! accepts only protobuf gets 406. Server-side printing for `kubectl get`: a get or list asked
 //! for with `Accept: application/json;as=Table;v=v1;g=meta.k8s.io` answers a Table with
-//! upstream's columns for nodes, services, events, namespaces and leases (`Name`/`Created At`
+//! upstream's columns for nodes, services, events, namespaces, leases and pods (`Name`/`Created At`
 //! for the rest), so `kubectl get nodes -o wide` looks as against a real cluster.
 //!
 //! # Semantics (as upstream)

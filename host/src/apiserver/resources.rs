@@ -199,6 +199,55 @@ pub static RESOURCES: &[ResourceInfo] = &[
         lists: &[],
         field_labels: &["type"],
     },
+    // Pods, Endpoints and EndpointSlices: nobody in the sandbox creates them, but kubectl reads
+    // them (`describe node` lists the node's pods, `describe service` its endpoints, `get pods`),
+    // so they are served, empty until someone writes one.
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        singular: "pod",
+        kind: "Pod",
+        namespaced: true,
+        status: true,
+        create_on_update: false,
+        short_names: &["po"],
+        name_rule: NameRule::Subdomain,
+        lists: &[
+            ("spec.containers", MergeByKey("name")),
+            ("spec.initContainers", MergeByKey("name")),
+            ("spec.ephemeralContainers", MergeByKey("name")),
+            ("spec.volumes", MergeByKey("name")),
+            ("spec.imagePullSecrets", MergeByKey("name")),
+            ("status.conditions", MergeByKey("type")),
+            ("status.podIPs", MergeByKey("ip")),
+        ],
+        // Upstream's pod field labels (pkg/registry/core/pod/strategy.go PodToSelectableFields).
+        field_labels: &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+    },
+    ResourceInfo {
+        group: "",
+        version: "v1",
+        plural: "endpoints",
+        singular: "endpoints",
+        kind: "Endpoints",
+        namespaced: true,
+        status: false,
+        create_on_update: true,
+        short_names: &["ep"],
+        name_rule: NameRule::Subdomain,
+        lists: &[],
+        field_labels: &[],
+    },
     ResourceInfo {
         group: "coordination.k8s.io",
         version: "v1",
@@ -226,6 +275,20 @@ pub static RESOURCES: &[ResourceInfo] = &[
         name_rule: NameRule::Subdomain,
         lists: &[],
         field_labels: &["reason", "type", "reportingController"],
+    },
+    ResourceInfo {
+        group: "discovery.k8s.io",
+        version: "v1",
+        plural: "endpointslices",
+        singular: "endpointslice",
+        kind: "EndpointSlice",
+        namespaced: true,
+        status: false,
+        create_on_update: false,
+        short_names: &[],
+        name_rule: NameRule::Subdomain,
+        lists: &[],
+        field_labels: &[],
     },
 ];
 
@@ -359,7 +422,9 @@ pub fn validate_labels(obj: &Value) -> Vec<(String, String)> {
 /// fields (400, as upstream's decoder does) and drops unknown fields (upstream's default
 /// `fieldValidation=Warn` drops them too). Timestamps come back in upstream's formats.
 pub fn normalize(rid: usize, obj: Value) -> Result<Value, ApiError> {
-    use k8s_openapi::api::{coordination::v1 as coord, core::v1 as core, events::v1 as ev};
+    use k8s_openapi::api::{
+        coordination::v1 as coord, core::v1 as core, discovery::v1 as disc, events::v1 as ev,
+    };
     fn rt<T: serde::de::DeserializeOwned + serde::Serialize>(
         kind: &str,
         obj: Value,
@@ -376,6 +441,9 @@ pub fn normalize(rid: usize, obj: Value) -> Result<Value, ApiError> {
         ("", "events") => rt::<core::Event>(r.kind, obj),
         ("", "configmaps") => rt::<core::ConfigMap>(r.kind, obj),
         ("", "secrets") => rt::<core::Secret>(r.kind, obj),
+        ("", "pods") => rt::<core::Pod>(r.kind, obj),
+        ("", "endpoints") => rt::<core::Endpoints>(r.kind, obj),
+        ("discovery.k8s.io", "endpointslices") => rt::<disc::EndpointSlice>(r.kind, obj),
         ("coordination.k8s.io", "leases") => rt::<coord::Lease>(r.kind, obj),
         ("events.k8s.io", "events") => rt::<ev::Event>(r.kind, obj),
         _ => Ok(obj),
@@ -449,6 +517,11 @@ pub fn default_on_create(rid: usize, obj: &mut Value, alloc: &mut Allocator) {
         }
         ("", "secrets") if obj.get("type").is_none() => {
             obj["type"] = json!("Opaque");
+        }
+        // The pod registry resets the status of a new pod to Pending (here nobody moves it on:
+        // write `/status` to change it).
+        ("", "pods") => {
+            obj["status"] = json!({"phase": "Pending"});
         }
         ("", "services") => {
             // The service registry clears status on create.

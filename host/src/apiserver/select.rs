@@ -147,7 +147,7 @@ fn field_value(obj: &Value, field: &str) -> String {
     let cur = field.split('.').try_fold(obj, |c, k| c.get(k));
     match cur {
         None | Some(Value::Null) => match field {
-            "spec.unschedulable" => "false".into(),
+            "spec.unschedulable" | "spec.hostNetwork" => "false".into(),
             _ => String::new(),
         },
         Some(Value::String(s)) => s.clone(),

@@ -1,6 +1,6 @@
 //! Server-side printing: `meta.k8s.io` Table responses for `kubectl get` (which asks with
 //! `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`). Nodes, services, events,
-//! namespaces and leases get upstream's columns (`pkg/printers/internalversion`, generated
+//! namespaces, leases and pods get upstream's columns (`pkg/printers/internalversion`, generated
 //! with `Wide: true` as the API server does, so `kubectl get -o wide` shows the priority-1
 //! columns); other resources get upstream's default `Name` / `Created At` columns.
 
@@ -193,6 +193,17 @@ fn columns(r: &ResourceInfo) -> Vec<Value> {
             name,
             column("Holder", "string", "", 0, "The holder of the lease."),
             age,
+        ],
+        ("", "pods") => vec![
+            name,
+            column("Ready", "string", "", 0, "The aggregate readiness state of this pod for accepting traffic."),
+            column("Status", "string", "", 0, "The aggregate status of the containers in this pod."),
+            column("Restarts", "string", "", 0, "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted."),
+            age,
+            column("IP", "string", "", 1, "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated."),
+            column("Node", "string", "", 1, "NodeName is a request to schedule this pod onto a specific node."),
+            column("Nominated Node", "string", "", 1, "nominatedNodeName is set only when this pod preempts other pods on the node, but it cannot be scheduled right away as preemption victims receive their graceful termination periods."),
+            column("Readiness Gates", "string", "", 1, "If specified, all readiness gates will be evaluated for pod readiness."),
         ],
         _ => vec![
             name,
@@ -410,6 +421,59 @@ fn event_cells(o: &Value, now: Timestamp) -> Vec<Value> {
     ]
 }
 
+/// Upstream's pod row, simplified: the status is `Terminating`, else `status.reason`, else the
+/// phase (upstream also looks at each container's state).
+fn pod_cells(o: &Value, now: Timestamp) -> Vec<Value> {
+    let array = |pointer: &str| {
+        o.pointer(pointer)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let statuses = array("/status/containerStatuses");
+    let ready = statuses
+        .iter()
+        .filter(|c| c.get("ready").and_then(Value::as_bool) == Some(true))
+        .count();
+    let restarts: i64 = statuses
+        .iter()
+        .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
+        .sum();
+    let status = if !s(o, "/metadata/deletionTimestamp").is_empty() {
+        "Terminating"
+    } else if !s(o, "/status/reason").is_empty() {
+        s(o, "/status/reason")
+    } else {
+        s(o, "/status/phase")
+    };
+    let gates = array("/spec/readinessGates");
+    let conditions = array("/status/conditions");
+    let gates = if gates.is_empty() {
+        "<none>".to_string()
+    } else {
+        let met = gates
+            .iter()
+            .filter(|g| {
+                conditions
+                    .iter()
+                    .any(|c| s(c, "/type") == s(g, "/conditionType") && s(c, "/status") == "True")
+            })
+            .count();
+        format!("{met}/{}", gates.len())
+    };
+    vec![
+        json!(s(o, "/metadata/name")),
+        json!(format!("{ready}/{}", array("/spec/containers").len())),
+        json!(status),
+        json!(restarts),
+        json!(since(s(o, "/metadata/creationTimestamp"), now)),
+        json!(none_if_empty(s(o, "/status/podIP").to_string())),
+        json!(none_if_empty(s(o, "/spec/nodeName").to_string())),
+        json!(none_if_empty(s(o, "/status/nominatedNodeName").to_string())),
+        json!(gates),
+    ]
+}
+
 fn cells(r: &ResourceInfo, o: &Value, now: Timestamp) -> Vec<Value> {
     let name = json!(s(o, "/metadata/name"));
     let age = || json!(since(s(o, "/metadata/creationTimestamp"), now));
@@ -417,6 +481,7 @@ fn cells(r: &ResourceInfo, o: &Value, now: Timestamp) -> Vec<Value> {
         ("", "nodes") => node_cells(o, now),
         ("", "services") => service_cells(o, now),
         ("", "events") => event_cells(o, now),
+        ("", "pods") => pod_cells(o, now),
         ("", "namespaces") => vec![name, json!(s(o, "/status/phase")), age()],
         ("coordination.k8s.io", "leases") => {
             vec![name, json!(s(o, "/spec/holderIdentity")), age()]
