@@ -15,7 +15,12 @@
 //! - `BENCH_CONCURRENCY` ("1,default"): `--concurrent-node-syncs` values; `default` is
 //!   `ControllerConfig::default()` (the `ccm-host run` default);
 //! - `BENCH_CLOUD_QPS` ("0"): `--cloud-api-qps` values (0 = no budget, the default), burst 10
-//!   (the flag default).
+//!   (the flag default);
+//! - `BENCH_KUBE_QPS` ("unlimited"): the node controller's client-side API limit
+//!   (`--kube-api-qps`, burst 30 as the flag default; `default` = 20, the `ccm-host run`
+//!   default). At a limit the time is bound by it: every initialised node costs about three
+//!   requests (two node writes and one event), so 20 qps initialise ~7 nodes a second whatever
+//!   the concurrency. `unlimited` measures the controller's own speed.
 //!
 //! One line per case starts with `BENCH node_init` and holds `key=value` pairs.
 
@@ -24,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use ccm_host::apiserver::RequestRecord;
 use ccm_host::controllers::{node, ControllerConfig};
+use ccm_host::kube_clients::KubeClients;
 use ccm_host::provider::ProviderOptions;
 use ccm_integration_tests::harness::Harness;
 use ccm_provider_fake::config::FakeConfig;
@@ -36,11 +42,7 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
-fn parse_list<T: std::str::FromStr>(
-    name: &str,
-    default: &str,
-    map: impl Fn(&str) -> Option<T>,
-) -> Vec<T> {
+fn parse_list<T>(name: &str, default: &str, map: impl Fn(&str) -> Option<T>) -> Vec<T> {
     let raw = env_or(name, default);
     raw.split(',')
         .map(str::trim)
@@ -88,7 +90,12 @@ struct Case {
     latency_ms: u64,
     concurrency: usize,
     cloud_qps: f64,
+    /// The node controller's client-side API limit (None: unlimited).
+    kube_qps: Option<f64>,
 }
+
+/// The `--kube-api-burst` default.
+const KUBE_API_BURST: u32 = 30;
 
 async fn run_case(case: &Case) {
     let mut fake: FakeConfig =
@@ -113,7 +120,18 @@ async fn run_case(case: &Case) {
         node_status_update_frequency: Duration::from_secs(3600),
         ..ControllerConfig::default()
     };
-    let ctx = h.context(config).for_controller(node::NAME);
+    let mut ctx = h.context(config).for_controller(node::NAME);
+    if let Some(qps) = case.kube_qps {
+        // The node controller's own client with its own limit, as `ccm-host run` builds it.
+        let kube_config = kube::Config::from_custom_kubeconfig(
+            h.server.kubeconfig(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("kubeconfig of the in-memory API server");
+        let clients = KubeClients::new(kube_config, qps, KUBE_API_BURST).expect("clients");
+        ctx = ctx.with_client(clients.client("node-controller").expect("client"));
+    }
     assert!(ctx.nodes.wait_synced().await, "node informer syncs");
     let controller = tokio::spawn(node::run(ctx.clone()));
     // Let the controller subscribe and run its (empty) first address pass.
@@ -131,6 +149,9 @@ async fn run_case(case: &Case) {
     let seeded = started.elapsed();
     // A bounded wait for the outcome (not a timing assertion): generous for the slowest case.
     let limit = Duration::from_secs(120)
+        + case.kube_qps.map_or(Duration::ZERO, |q| {
+            Duration::from_secs_f64(case.nodes as f64 * 4.0 / q)
+        })
         + Duration::from_millis(case.latency_ms * case.nodes as u64 * 4 / case.concurrency as u64)
         + Duration::from_millis(case.nodes as u64 * 20 / case.concurrency.min(8) as u64);
     let elapsed = loop {
@@ -205,7 +226,7 @@ async fn run_case(case: &Case) {
     }
     let n = case.nodes as f64;
     println!(
-        "BENCH node_init nodes={} latency_ms={} concurrency={} cloud_qps={} seconds={:.3} \
+        "BENCH node_init nodes={} latency_ms={} concurrency={} cloud_qps={} kube_qps={} seconds={:.3} \
          nodes_per_s={:.0} node_writes_per_node={:.2} max_node_writes_one_node={} \
          event_writes_per_node={:.2} node_gets_per_node={:.2} conflicts={} \
          provider_calls_per_node={:.2} seed_seconds={:.3}",
@@ -213,6 +234,8 @@ async fn run_case(case: &Case) {
         case.latency_ms,
         case.concurrency,
         case.cloud_qps,
+        case.kube_qps
+            .map_or_else(|| "unlimited".to_string(), |q| q.to_string()),
         elapsed.as_secs_f64(),
         n / elapsed.as_secs_f64(),
         ok_node_writes as f64 / n,
@@ -247,19 +270,31 @@ async fn bench_node_init() {
     let budgets = parse_list("BENCH_CLOUD_QPS", "0", |s| {
         s.parse::<f64>().ok().filter(|q| q.is_finite() && *q >= 0.0)
     });
+    let kube_limits = parse_list("BENCH_KUBE_QPS", "unlimited", |s| match s {
+        "unlimited" => Some(None),
+        "default" => Some(Some(20.0)),
+        q => q
+            .parse::<f64>()
+            .ok()
+            .filter(|q| q.is_finite() && *q > 0.0)
+            .map(Some),
+    });
     println!(
         "node initialisation: {nodes} nodes; default --concurrent-node-syncs = {default_concurrency}"
     );
     for &latency_ms in &latencies {
         for &concurrency in &concurrencies {
             for &cloud_qps in &budgets {
-                run_case(&Case {
-                    nodes,
-                    latency_ms,
-                    concurrency,
-                    cloud_qps,
-                })
-                .await;
+                for &kube_qps in &kube_limits {
+                    run_case(&Case {
+                        nodes,
+                        latency_ms,
+                        concurrency,
+                        cloud_qps,
+                        kube_qps,
+                    })
+                    .await;
+                }
             }
         }
     }
