@@ -1,4 +1,4 @@
-//! Prometheus metrics with upstream names (spec §3.5), in one registry served at `/metrics`.
+//! Prometheus metrics with upstream names (docs/upstream-compat.md#metrics), in one registry served at `/metrics`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -91,7 +91,7 @@ pub fn check(ctx: &ControllerContext) -> Result<(), NotStarted> {
             "cloud provider does not support instances".into(),
         ));
     }
-    // Upstream accepts 0 and then never processes a node (spec §6); refuse it instead.
+    // Upstream accepts 0 and then never processes a node (docs/upstream-compat.md#upstream-sharp-edges); refuse it instead.
     if ctx.config.concurrent_node_syncs == 0 {
         return Err(NotStarted(
             "--concurrent-node-syncs is 0: no node would ever be initialised; use 1 or more".into(),
@@ -525,7 +525,7 @@ impl NodeController {
             .await
             .map_err(|e| format!("failed to get instance metadata for node {name}: {e}"))?;
         let Some(md) = md else {
-            // Spec §6, kept as upstream: the node stays tainted and is retried only when a
+            // Kept as upstream (docs/upstream-compat.md#upstream-sharp-edges): the node stays tainted and is retried only when a
             // later event re-enqueues it (the provider said it cannot describe it yet).
             tracing::info!(
                 controller = NAME,
@@ -723,7 +723,7 @@ impl NodeController {
                 }
                 match self.instance_node_addresses(&node).await {
                     Ok(Some(md)) => self.update_node_address(&node, &md).await,
-                    // Spec §6: upstream dereferences nil metadata here and crashes; skip.
+                    // docs/upstream-compat.md#upstream-sharp-edges: upstream dereferences nil metadata here and crashes; skip.
                     Ok(None) => {
                         tracing::debug!(
                             controller = NAME,

@@ -344,7 +344,7 @@ mod tests {
             addresses_from_node_ip("bogus", &cloud).unwrap_err(),
             "failed to parse node IP \"bogus\": could not parse \"bogus\""
         );
-        // Spec §6: annotation present and the cloud has no addresses ⇒ error.
+        // docs/upstream-compat.md#upstream-sharp-edges: annotation present and the cloud has no addresses ⇒ error.
         assert!(addresses_from_node_ip("10.0.0.1", &[]).is_err());
     }
 

@@ -1,4 +1,5 @@
-//! `--controllers`: which controllers run, with upstream's exact semantics (spec §3.1).
+//! `--controllers`: which controllers run, with upstream's exact semantics
+//! (docs/upstream-compat.md#controller-selection).
 
 /// One controller: canonical name, alias, short name used by metrics and `/healthz`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
