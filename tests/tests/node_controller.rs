@@ -1,5 +1,6 @@
 //! Cloud-node controller against the in-memory API server and the fake provider's `.so`
-//! (spec §2.1 and the cases of §5.1), V1 (`fake-v1`: Instances + Zones) and V2 (`fake`).
+//! (docs/upstream-compat.md#node-controller, with the cases of upstream's
+//! `controllers/node/node_controller_test.go`), V1 (`fake-v1`: Instances + Zones) and V2 (`fake`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! Cloud-node-lifecycle controller against the in-memory API server and the fake provider's
-//! `.so` (spec §2.2 and the cases of §5.2), V1 (`fake-v1`) and V2 (`fake`) variants.
+//! `.so` (docs/upstream-compat.md#node-lifecycle-controller, with the cases of upstream's
+//! `controllers/nodelifecycle/node_lifecycle_controller_test.go`), V1 (`fake-v1`) and V2 (`fake`) variants.
 
 use std::time::Duration;
 

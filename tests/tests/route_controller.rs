@@ -1,5 +1,6 @@
 //! Route controller against the in-memory API server and the fake provider's `.so`
-//! (spec §2.4 and the cases of §5.4).
+//! (docs/upstream-compat.md#route-controller), with the cases of upstream's
+//! `controllers/route/route_controller_test.go`.
 
 use std::time::{Duration, Instant};
 

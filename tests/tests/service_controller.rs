@@ -1,5 +1,6 @@
 //! Service load-balancer controller against the in-memory API server and the fake provider's
-//! `.so` (spec §2.3 and the cases of §5.3). Single steps are driven through the controller's
+//! `.so` (docs/upstream-compat.md#service-controller, with the cases of upstream's
+//! `controllers/service/controller_test.go`). Single steps are driven through the controller's
 //! public methods, as upstream's tests call `syncService` / `syncNodes`; the end-to-end cases
 //! run the whole controller.
 
