@@ -469,7 +469,7 @@ async fn endpoints_serve_https_with_cert_flags_and_metrics_cover_calls_and_queue
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
     let cert = fixtures.join("cert.pem");
     let key = fixtures.join("key.pem");
-    let replica = Replica::start(
+    let mut replica = Replica::start(
         dir.path(),
         "tls",
         &kubeconfig,
@@ -500,29 +500,43 @@ async fn endpoints_serve_https_with_cert_flags_and_metrics_cover_calls_and_queue
         tokio::task::block_in_place(|| replica.get("/healthz")),
         None
     );
-    // Once leading: the leaderElection check with upstream's rule, and the metrics.
-    let started = Instant::now();
-    let metrics = loop {
-        let (code, body) = https_get(port, "/metrics").await.unwrap();
-        assert_eq!(code, 200);
-        if body.contains("ccm_provider_calls_total{method=\"Initialize\",caller=\"host\"} 1")
-            && body.contains("workqueue_adds_total{name=\"Nodes\"}")
-        {
-            break body;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "metrics never showed the leader's calls and queues:\n{body}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    for series in [
+    // Once leading: the leaderElection check with upstream's rule, and the metrics. The
+    // controllers start one after another and each registers its queues when it starts, so
+    // wait for every expected series in one scrape (waiting for the first controller's queue
+    // and then asserting the later ones was the race behind a 1-in-10 failure).
+    let expected = [
+        "ccm_provider_calls_total{method=\"Initialize\",caller=\"host\"} 1",
         "ccm_provider_call_duration_seconds_count{method=\"Initialize\"} 1",
+        "workqueue_adds_total{name=\"Nodes\"}",
         "workqueue_depth{name=\"service\"}",
         "workqueue_depth{name=\"node\"}",
         "running_managed_controllers{name=\"cloud-node\",manager=\"cloud-controller-manager\"} 1",
-    ] {
-        assert!(metrics.contains(series), "missing {series}:\n{metrics}");
+    ];
+    let started = Instant::now();
+    loop {
+        let body = match https_get(port, "/metrics").await {
+            Ok((200, body)) => body,
+            other => {
+                let exited = replica.child.try_wait().ok().flatten();
+                panic!(
+                    "GET /metrics: {other:?} (replica exited: {exited:?}); log tail:\n{}",
+                    tail(&replica.read_log(), 30)
+                );
+            }
+        };
+        let missing: Vec<&str> = expected
+            .iter()
+            .copied()
+            .filter(|series| !body.contains(series))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "metrics never showed {missing:?}:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let (code, body) = https_get(port, "/healthz/leaderElection").await.unwrap();
     assert_eq!((code, body.as_str()), (200, "ok"));
