@@ -1,9 +1,15 @@
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use ccm_host::cli::{self, Cli, Command, LogFormat};
-use ccm_provider_abi::abi::log_level;
+use ccm_host::cli::{self, Cli, Command, LogFormat, LogSettings};
+use ccm_host::daemon::upstream_flags::FeatureGates;
+use clap::error::ErrorKind;
 use clap::Parser;
+use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
 use tracing_subscriber::EnvFilter;
+
+/// Exit code of invalid flags, as upstream's.
+const EXIT_USAGE: u8 = 2;
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
@@ -11,24 +17,92 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// Install the tracing subscriber; returns the plugins' maximum log level.
+fn init_logging(log: &LogSettings, quiet: bool) -> u8 {
+    let (directives, verbosity_level) = cli::verbosity_filter(log.verbosity, quiet);
+    // RUST_LOG takes precedence over -v; the plugins then log up to its most verbose directive.
+    let (filter, max_level) = match EnvFilter::try_from_default_env() {
+        Ok(filter) => {
+            let level = cli::abi_level(filter.max_level_hint());
+            (filter, level)
+        }
+        Err(_) => (EnvFilter::new(directives), verbosity_level),
+    };
+    let no_color = std::env::var_os("NO_COLOR");
+    let (writer, terminal) = if log.split_stream {
+        (
+            BoxMakeWriter::new(
+                std::io::stderr
+                    .with_max_level(tracing::Level::ERROR)
+                    .or_else(std::io::stdout),
+            ),
+            std::io::stderr().is_terminal() && std::io::stdout().is_terminal(),
+        )
+    } else {
+        (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::stderr().is_terminal(),
+        )
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match log.format {
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+        LogFormat::Text => builder
+            .with_ansi(cli::use_color(terminal, no_color.as_deref()))
+            .init(),
+    }
+    max_level
+}
+
 fn main() -> ExitCode {
     ccm_host::malloc::tune();
-    let cli = Cli::parse();
+    let argv = cli::normalize_args(std::env::args_os());
+    // As upstream, --version is honoured before anything else (even missing required flags).
+    if let Some(request) = cli::requested_version(&argv) {
+        println!("{}", cli::version_text(&request));
+        return ExitCode::SUCCESS;
+    }
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                eprintln!("{}", cli::one_line_error(&e.render().to_string()));
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    // Logging is validated and applied first, as upstream; the logging feature gates are
+    // `run`'s --feature-gates (its other problems are reported with the other run flags).
+    let gates = match &cli.command {
+        Command::Run(args) => args.feature_gates(),
+        _ => FeatureGates::default(),
+    };
+    let log = match cli.logging.validate(&gates) {
+        Ok(log) => log,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     // The sandbox shows its own progress: only warnings and errors by default.
     let quiet = matches!(cli.command, Command::Sandbox(_));
-    let (filter, max_level) = match cli.verbose {
-        0 if quiet => ("warn", log_level::WARN),
-        0 => ("info", log_level::INFO),
-        1 => ("debug", log_level::DEBUG),
-        _ => ("trace", log_level::TRACE),
-    };
-    let env_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(env_filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+    let max_level = init_logging(&log, quiet);
+    if let Command::Run(args) = &cli.command {
+        let mut no_effect = cli.logging.no_effect();
+        no_effect.extend(args.no_effect_flags());
+        if !no_effect.is_empty() {
+            tracing::warn!(
+                "flags accepted for compatibility with upstream that have no effect in ccm-host (see docs/flags.md): {}",
+                no_effect.join(", ")
+            );
+        }
     }
     let result = match cli.command {
         Command::Plugins(args) => cli::plugins(&args, max_level, &mut std::io::stdout().lock()),

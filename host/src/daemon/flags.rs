@@ -1,14 +1,17 @@
-//! `ccm-host run` flags: upstream's names and defaults (spec §3.3) so an existing CCM manifest
-//! works with only the image and `--plugin-dir` changed. Values are validated together and
-//! every problem is reported on its own line (exit code 2).
+//! `ccm-host run` flags: upstream's names, defaults and value syntax (Go durations, Go booleans
+//! as `--x`, `--x=false` or `--x false`, comma lists) so an existing CCM manifest works with only
+//! the image and `--plugin-dir` changed. Upstream's flags that ccm-host accepts without their
+//! effect are in [`super::upstream_flags`]; the logging flags are global (`crate::cli`).
+//! Values are validated together and every problem is reported on its own line (exit code 2).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{ArgAction, Args};
 
 use super::selection::ControllerSelection;
+use super::upstream_flags::{parse_go_bool, FeatureGates, UpstreamArgs};
 use crate::cli::PluginDirArgs;
 use crate::controllers::ControllerConfig;
 
@@ -35,16 +38,16 @@ pub struct RunArgs {
     #[arg(long, default_value = "")]
     pub cluster_cidr: String,
     /// Whether to configure cloud routes for the pod CIDRs of nodes.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub configure_cloud_routes: bool,
     /// Accepted for compatibility; it no longer gates the route controller (as upstream).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub allocate_node_cidrs: bool,
     /// Accepted for compatibility; unused by the cloud controllers.
     #[arg(long, default_value = "RangeAllocator")]
     pub cidr_allocator_type: String,
     /// Run even if the provider has no cluster ID (HasClusterID false). Deprecated upstream.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub allow_untagged_cloud: bool,
     /// Period of the route controller.
     #[arg(long, default_value = "10s")]
@@ -72,7 +75,7 @@ pub struct RunArgs {
     #[arg(long = "load-balancer-class")]
     pub load_balancer_classes: Vec<String>,
     /// Leave services without a loadBalancerClass to another controller.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub ignore_classless_services: bool,
     /// Deadline of every provider call.
     #[arg(long, default_value = "30s")]
@@ -87,7 +90,7 @@ pub struct RunArgs {
 
     // ---- leader election ----
     /// Run leader election (only the lease holder runs controllers).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub leader_elect: bool,
     /// Lease duration.
     #[arg(long, default_value = "15s")]
@@ -135,6 +138,10 @@ pub struct RunArgs {
     /// PEM private key of --tls-cert-file.
     #[arg(long)]
     pub tls_private_key_file: Option<PathBuf>,
+
+    /// Upstream flags accepted for compatibility.
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
 }
 
 /// Validated settings of a run.
@@ -162,6 +169,8 @@ pub struct RunSettings {
     pub renew_deadline: Duration,
     /// Retry period.
     pub retry_period: Duration,
+    /// `--feature-gates`.
+    pub feature_gates: FeatureGates,
 }
 
 impl RunArgs {
@@ -247,6 +256,17 @@ impl RunArgs {
             if lease.as_secs() == 0 && !lease.is_zero() {
                 errors.push("--leader-elect-lease-duration must be at least 1s".into());
             }
+            // client-go's elector: renewDeadline > JitterFactor (1.2) × retryPeriod, because a
+            // retry can come up to 20% late. Otherwise the leader gives up its lease before its
+            // next renewal attempt, every time.
+            let jittered_retry = Duration::from_nanos((retry.as_nanos() as f64 * 1.2) as u64);
+            if !renew.is_zero() && !retry.is_zero() && renew <= jittered_retry {
+                errors.push(format!(
+                    "--leader-elect-retry-period ({}) must be less than --leader-elect-renew-deadline ({}) / 1.2: \
+                     retries can come 20% late (client-go's JitterFactor), and the leader would lose its lease",
+                    self.leader_elect_retry_period, self.leader_elect_renew_deadline
+                ));
+            }
         }
         if !self.cloud_api_qps.is_finite() || self.cloud_api_qps < 0.0 {
             errors.push(format!(
@@ -289,6 +309,7 @@ impl RunArgs {
                 errors.push("--load-balancer-class cannot be empty".into());
             }
         }
+        let feature_gates = self.upstream.validate(self.secure_port, &mut errors);
         let selection = match ControllerSelection::parse(&self.controllers) {
             Ok(s) => Some(s),
             Err(errs) => {
@@ -322,7 +343,19 @@ impl RunArgs {
             lease_duration: lease,
             renew_deadline: renew,
             retry_period: retry,
+            feature_gates,
         })
+    }
+
+    /// `--feature-gates` as far as it is valid (the defaults otherwise; [`RunArgs::validate`]
+    /// reports the problems).
+    pub fn feature_gates(&self) -> FeatureGates {
+        FeatureGates::parse(&self.upstream.feature_gates).unwrap_or_default()
+    }
+
+    /// The flags given that have no effect in ccm-host (see [`UpstreamArgs::no_effect`]).
+    pub fn no_effect_flags(&self) -> Vec<String> {
+        self.upstream.no_effect()
     }
 }
 
@@ -463,5 +496,120 @@ mod tests {
         );
         assert!(!a.configure_cloud_routes && !a.leader_elect);
         assert_eq!(s.selection.enabled().len(), 2);
+    }
+
+    #[test]
+    fn booleans_take_go_syntax_with_or_without_a_value() {
+        // `--x` alone (as upstream's pflag), `--x=V` with Go's spellings, and `--x V` (what
+        // ccm-host accepted before; `ccm-host sandbox` still passes it that way).
+        let a = parse(&[
+            "--cloud-provider=fake",
+            "--allow-untagged-cloud",
+            "--allocate-node-cidrs=T",
+            "--configure-cloud-routes=0",
+            "--leader-elect",
+            "false",
+            "--ignore-classless-services",
+        ]);
+        assert!(a.allow_untagged_cloud && a.allocate_node_cidrs && a.ignore_classless_services);
+        assert!(!a.configure_cloud_routes && !a.leader_elect);
+        let mut full = vec!["ccm-host", "--plugin-dir", "/plugins"];
+        full.push("--leader-elect=maybe");
+        assert!(Wrapper::try_parse_from(full).is_err());
+    }
+
+    #[test]
+    fn retry_period_must_stay_below_the_renew_deadline_with_jitter() {
+        let problems = |renew: &str, retry: &str| {
+            let renew = format!("--leader-elect-renew-deadline={renew}");
+            let retry = format!("--leader-elect-retry-period={retry}");
+            parse(&["--cloud-provider=fake", &renew, &retry])
+                .validate()
+                .err()
+                .unwrap_or_default()
+        };
+        let expected = "--leader-elect-retry-period (2s) must be less than \
+                        --leader-elect-renew-deadline (2s) / 1.2: retries can come 20% late \
+                        (client-go's JitterFactor), and the leader would lose its lease";
+        assert_eq!(problems("2s", "2s"), [expected]);
+        assert_eq!(problems("2s", "5s").len(), 1, "retry > renew");
+        // client-go: renewDeadline must be greater than retryPeriod × 1.2.
+        assert_eq!(problems("12s", "10s").len(), 1, "12s is not > 12s");
+        assert!(problems("12001ms", "10s").is_empty());
+        assert!(problems("10s", "2s").is_empty(), "upstream's defaults");
+        assert!(problems("2s", "1s").is_empty());
+        // Only with leader election, as upstream builds no elector without it.
+        let off = parse(&[
+            "--cloud-provider=fake",
+            "--leader-elect=false",
+            "--leader-elect-retry-period=20s",
+        ]);
+        assert!(off.validate().is_ok());
+    }
+
+    #[test]
+    fn the_kubernetes_docs_example_and_vendor_chart_flags_are_accepted() {
+        // The example manifest of the Kubernetes docs (cloud-controller-manager administration).
+        let docs = parse(&[
+            "--cloud-provider=fake",
+            "--leader-elect=true",
+            "--use-service-account-credentials",
+            "--allocate-node-cidrs=true",
+            "--configure-cloud-routes=true",
+            "--cluster-cidr=172.17.0.0/16",
+        ]);
+        docs.validate().unwrap();
+        assert_eq!(
+            docs.no_effect_flags(),
+            ["--use-service-account-credentials"]
+        );
+        // hcloud-cloud-controller-manager's chart.
+        let hcloud = parse(&[
+            "--allow-untagged-cloud",
+            "--cloud-provider=fake",
+            "--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=false",
+            "--route-reconciliation-period=30s",
+            "--webhook-secure-port=0",
+            "--leader-elect=false",
+        ]);
+        let s = hcloud.validate().unwrap();
+        assert_eq!(
+            s.controllers.route_reconciliation_period,
+            Duration::from_secs(30)
+        );
+        assert!(!s
+            .feature_gates
+            .enabled("CloudControllerManagerWatchBasedRoutesReconciliation"));
+        assert!(hcloud.no_effect_flags().is_empty());
+        // openstack-cloud-controller-manager's chart (after its `--v=2`, a global flag).
+        let openstack = parse(&[
+            "--cloud-config=/etc/config/cloud.conf",
+            "--cluster-name=kubernetes",
+            "--cloud-provider=fake",
+            "--use-service-account-credentials=false",
+            "--controllers=cloud-node,cloud-node-lifecycle,route,service",
+            "--bind-address=127.0.0.1",
+        ]);
+        assert_eq!(openstack.validate().unwrap().selection.enabled().len(), 4);
+        assert!(openstack.no_effect_flags().is_empty());
+    }
+
+    #[test]
+    fn upstream_flag_problems_are_reported_with_the_others() {
+        let errs = parse(&[
+            "--cloud-provider=fake",
+            "--concurrent-service-syncs=0",
+            "--feature-gates=NoSuchGate=true",
+            "--webhooks=validate-nodes",
+            "--min-resync-period=soon",
+        ])
+        .validate()
+        .unwrap_err();
+        assert_eq!(errs.len(), 4, "{errs:#?}");
+        assert!(errs.contains(&"--feature-gates: unrecognized feature gate: NoSuchGate".into()));
+        assert!(errs
+            .iter()
+            .any(|e| e.starts_with("--webhooks: \"validate-nodes\"")));
+        assert!(errs.iter().any(|e| e.starts_with("--min-resync-period: ")));
     }
 }

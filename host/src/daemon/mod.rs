@@ -11,6 +11,7 @@ pub mod flags;
 pub mod http;
 pub mod lease_health;
 pub mod selection;
+pub mod upstream_flags;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
