@@ -866,11 +866,21 @@ async fn seed(client: &Client, scene: &Scene) -> anyhow::Result<()> {
         )));
     }
     let pp = PostParams::default();
-    futures::stream::iter(nodes.iter().map(|n| node_api.create(&pp, n)))
+    let created = futures::stream::iter(nodes.iter().map(|n| node_api.create(&pp, n)))
         .buffer_unordered(16)
         .try_collect::<Vec<_>>()
         .await
         .context("seeding nodes")?;
+    // Each kubelet's Lease in kube-node-lease (kubectl describe node shows it).
+    let lease_api: Api<Lease> = Api::namespaced(client.clone(), scene::NODE_LEASE_NAMESPACE);
+    futures::stream::iter(created.iter().map(|n| {
+        let (api, lease) = (lease_api.clone(), scene::node_lease(n));
+        async move { api.create(&PostParams::default(), &lease).await }
+    }))
+    .buffer_unordered(16)
+    .try_collect::<Vec<_>>()
+    .await
+    .context("seeding the nodes' Leases")?;
     futures::stream::iter(services.iter().map(|s| {
         let api: Api<Service> = Api::namespaced(
             client.clone(),

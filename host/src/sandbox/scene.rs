@@ -7,12 +7,13 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use ipnet::IpNet;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
     Namespace, Node, NodeAddress, NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus,
     NodeSystemInfo, Service, ServicePort, ServiceSpec as K8sServiceSpec, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -29,6 +30,8 @@ pub const FOREIGN_CLASS: &str = "example.com/other-lb";
 pub const FOREIGN_SERVICE: &str = "other-class-lb";
 /// Control-plane role label (kubeadm).
 const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// Where kubelets keep their node Leases.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Namespaces that exist in the in-memory API server from the start.
 const BUILT_IN_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
@@ -698,6 +701,34 @@ impl Scene {
             }
         }
         with_state_dir(config, state_dir)
+    }
+}
+
+/// The Lease a kubelet keeps for its node in `kube-node-lease` (its heartbeat; `kubectl describe
+/// node` shows it), owned by the Node as the kubelet makes it. Nobody renews it in the sandbox.
+pub fn node_lease(node: &Node) -> Lease {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(NODE_LEASE_NAMESPACE.into()),
+            owner_references: node.metadata.uid.clone().map(|uid| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: name.clone(),
+                    uid,
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name),
+            lease_duration_seconds: Some(40),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        }),
     }
 }
 
