@@ -1,15 +1,19 @@
 //! `ccm-host sandbox` as a real process: a small generated scene and the example scenario
 //! converge (exit 0) with the fake provider, bad input exits 2 with the reason, a scene whose
-//! load balancers cannot be created exits 1 naming them, and kubectl works against the
+//! load balancers cannot be created exits 1 naming them and why (first, with a capped list),
+//! a lost lease is named as the reason, the summary's events are the API server's, the
+//! kubeconfig the hints name exists while the server runs and is deleted (or kept) as the last
+//! line says, and kubectl (or, without it, the requests kubectl makes) works against the
 //! sandbox while it serves.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 mod support;
 
@@ -74,6 +78,198 @@ fn strings(v: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// A sandbox process whose stderr lines arrive on a channel and whose stdout is collected as it
+/// is written (the summary comes before the serving period ends).
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: Vec<String>,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stdout_done: mpsc::Receiver<()>,
+}
+
+impl Running {
+    fn spawn(dir: &Path, args: &[&str]) -> Running {
+        let mut child = Command::new(BIN)
+            .arg("sandbox")
+            .arg("--plugin-dir")
+            .arg(plugin_dir(dir))
+            .args(["--progress", "lines"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let (done, stdout_done) = mpsc::channel();
+        let (sink, mut pipe) = (stdout.clone(), child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            let _ = done.send(());
+        });
+        Running {
+            child,
+            lines,
+            stderr: Vec::new(),
+            stdout,
+            stdout_done,
+        }
+    }
+
+    /// The first stderr line (from now on) for which `want` holds.
+    fn wait_line(&mut self, what: &str, timeout: Duration, want: impl Fn(&str) -> bool) -> String {
+        let started = Instant::now();
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(1)) {
+                Ok(line) => {
+                    self.stderr.push(line.clone());
+                    if want(&line) {
+                        return line;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "the sandbox ended before {what}:\n{}",
+                        self.stderr.join("\n")
+                    )
+                }
+            }
+            if started.elapsed() > timeout {
+                let _ = self.child.kill();
+                panic!("no {what} within {timeout:?}:\n{}", self.stderr.join("\n"));
+            }
+        }
+    }
+
+    /// The summary on stdout as JSON, once it has been written completely.
+    fn json_summary(&self, timeout: Duration) -> Value {
+        let started = Instant::now();
+        loop {
+            let bytes = self.stdout.lock().unwrap().clone();
+            if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                return v;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "no JSON summary: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+            // Wait for more output (or its end) rather than spinning.
+            let _ = self.stdout_done.recv_timeout(Duration::from_millis(100));
+        }
+    }
+
+    fn interrupt(&self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGINT);
+        }
+    }
+
+    /// Wait for the exit; returns the status, stdout and every stderr line.
+    fn finish(mut self) -> (ExitStatus, String, Vec<String>) {
+        let status = self.child.wait().unwrap();
+        let _ = self.stdout_done.recv_timeout(Duration::from_secs(30));
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(30)) {
+            self.stderr.push(line);
+        }
+        let stdout = String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned();
+        (status, stdout, self.stderr)
+    }
+}
+
+/// `http://127.0.0.1:PORT` from the sandbox's first line.
+fn api_url(line: &str) -> String {
+    line.strip_prefix("sandbox: API server ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no API server URL in {line:?}"))
+        .to_string()
+}
+
+/// The kubeconfig the first line tells kubectl to use.
+fn hinted_kubeconfig(line: &str) -> PathBuf {
+    let rest = line
+        .split("kubectl --kubeconfig ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no kubectl hint in {line:?}"));
+    PathBuf::from(rest.split_whitespace().next().unwrap())
+}
+
+/// One HTTP/1.1 request to the sandbox's API server; returns the status code and the JSON body.
+fn http(url: &str, method: &str, path: &str, patch: Option<&Value>) -> (u16, Value) {
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let body = patch.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: application/json\r\n\
+         Content-Type: application/merge-patch+json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let json = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {code}, not JSON ({e}): {body}"));
+    (code, json)
+}
+
+/// The server's core/v1 events by (type, reason): (objects, sum of their counts).
+fn server_event_counts(url: &str) -> BTreeMap<(String, String), (u64, u64)> {
+    let (code, list) = http(url, "GET", "/api/v1/events", None);
+    assert_eq!(code, 200, "{list:#}");
+    let mut counts = BTreeMap::new();
+    for e in list["items"].as_array().unwrap() {
+        let key = (
+            e["type"].as_str().unwrap().to_string(),
+            e["reason"].as_str().unwrap().to_string(),
+        );
+        let entry = counts.entry(key).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += e["count"].as_u64().unwrap_or(1);
+    }
+    counts
+}
+
+/// The summary's events in the same shape.
+fn summary_event_counts(report: &Value) -> BTreeMap<(String, String), (u64, u64)> {
+    report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                (
+                    e["type"].as_str().unwrap().to_string(),
+                    e["reason"].as_str().unwrap().to_string(),
+                ),
+                (e["objects"].as_u64().unwrap(), e["count"].as_u64().unwrap()),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn small_generated_scene_converges() {
     let dir = tempfile::tempdir().unwrap();
@@ -98,9 +294,32 @@ fn small_generated_scene_converges() {
     assert!(report["notConverged"].as_array().unwrap().is_empty());
     assert_eq!(report["provider"]["name"], "fake");
     assert_eq!(report["expected"]["routes"], "on");
+    let first = stderr
+        .lines()
+        .find(|l| l.starts_with("sandbox: API server http://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    // The hint names the temporary kubeconfig and says it goes at exit; the last line says it
+    // went, and it did.
+    let kubeconfig = hinted_kubeconfig(first);
     assert!(
-        stderr.contains("sandbox: API server http://127.0.0.1:"),
-        "{stderr}"
+        first.contains("that kubeconfig is deleted when the sandbox exits"),
+        "{first}"
+    );
+    assert_eq!(
+        stderr.lines().last().unwrap(),
+        format!(
+            "sandbox: stopped; the API server is gone and its kubeconfig {} was deleted with the \
+             sandbox's temporary directory (--kubeconfig-out PATH keeps one)",
+            kubeconfig.display()
+        )
+    );
+    assert!(!kubeconfig.exists(), "{}", kubeconfig.display());
+    // Every node's Synced event is in the summary (the events settle before it is taken).
+    assert_eq!(report["eventsSettled"], true);
+    let synced = find(&report["events"], "reason", "Synced");
+    assert_eq!(
+        (&synced["objects"], &synced["count"]),
+        (&json!(3), &json!(3))
     );
 
     let nodes = &report["nodes"];
@@ -331,83 +550,353 @@ fn scene_that_cannot_converge_exits_1_naming_what_is_open() {
         web[0].contains("quota exceeded"),
         "the last warning is named: {open:#?}"
     );
+    assert_eq!(
+        report["reason"],
+        "first error seen: Warning SyncLoadBalancerFailed on service default/web: Error syncing load balancer: failed to ensure load balancer: quota exceeded"
+    );
     assert!(
-        stderr.contains("error: the scene did not converge within 15s"),
+        stderr.contains(
+            "error: the scene did not converge within 15s: first error seen: Warning SyncLoadBalancerFailed on service default/web"
+        ),
         "{stderr}"
     );
 }
 
-/// `kubectl` against the sandbox while it serves (skipped without kubectl on PATH).
+/// The text summary of a scene that does not converge: the first lines say why (before the
+/// tables and the list of open items), and a long list of open items is capped.
 #[test]
-fn kubectl_works_against_the_running_sandbox() {
-    let Some(kubectl) = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("kubectl"))
-            .find(|p| p.is_file())
-    }) else {
-        eprintln!("note: kubectl is not on PATH; skipping the kubectl test");
-        return;
-    };
+fn not_converged_summary_says_why_first_and_caps_the_list() {
+    let dir = tempfile::tempdir().unwrap();
+    // 25 nodes the cloud cannot describe (25 open items) and a service it cannot serve.
+    let mut yaml = String::from("nodes:\n");
+    for i in 1..=25 {
+        yaml.push_str(&format!("- {{name: n{i:02}}}\n"));
+    }
+    yaml.push_str(
+        "services:\n- {name: web}\ncloudConfig:\n  errors:\n    InstanceMetadata: {kind: other, message: metadata service down}\n    EnsureLoadBalancer: {kind: other, message: quota exceeded}\n",
+    );
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(&scenario, yaml).unwrap();
+    let out = sandbox(
+        dir.path(),
+        &["--scenario", scenario.to_str().unwrap(), "--timeout", "10s"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("Sandbox did NOT converge after ")
+            && lines[0].ends_with(": timed out after 10s"),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[1],
+        "  why: first error seen: Warning SyncLoadBalancerFailed on service default/web: Error syncing load balancer: failed to ensure load balancer: quota exceeded",
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[2],
+        "  open: 26 item(s), first: node n01: not initialised (no providerID, still tainted) (all at the end)",
+        "{stdout}"
+    );
+    // The list at the end: 20 items, then how many more.
+    let list = lines
+        .iter()
+        .position(|l| *l == "Not converged (26):")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let items: Vec<&&str> = lines[list + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  - "))
+        .collect();
+    assert_eq!(items.len(), 20, "{stdout}");
+    assert_eq!(
+        lines[list + 21],
+        "  … and 6 more (-o json lists every item)",
+        "{stdout}"
+    );
+    assert_eq!(
+        lines.len(),
+        list + 22,
+        "the list ends the summary: {stdout}"
+    );
+}
+
+/// A leader that loses its lease stops its controllers; the summary's first lines say so.
+/// Also: the kubeconfig the first line names exists while the server runs, and is gone after.
+#[test]
+fn a_lost_lease_is_named_as_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("stuck.yaml");
+    std::fs::write(
+        &scenario,
+        "nodes:\n- {name: n1}\nservices:\n- {name: web}\ncloudConfig:\n  ensureReturnsNil: true\n",
+    )
+    .unwrap();
+    let mut run = Running::spawn(
+        dir.path(),
+        &["--timeout", "10m", "--scenario", scenario.to_str().unwrap()],
+    );
+    let first = run.wait_line("the API server line", Duration::from_secs(120), |l| {
+        l.starts_with("sandbox: API server ")
+    });
+    let url = api_url(&first);
+    let kubeconfig = hinted_kubeconfig(&first);
+    let text = std::fs::read_to_string(&kubeconfig)
+        .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    assert!(text.contains(&url), "{text}");
+    // Wait for the sandbox's controller manager to lead, then give the lease to someone else.
+    let lease =
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/cloud-controller-manager";
+    run.wait_line("progress", Duration::from_secs(60), |l| {
+        l.contains("nodes initialised")
+    });
+    let started = Instant::now();
+    while !http(&url, "GET", lease, None).1["spec"]["holderIdentity"].is_string() {
+        assert!(started.elapsed() < Duration::from_secs(60), "nobody leads");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let (code, body) = http(
+        &url,
+        "PATCH",
+        lease,
+        Some(
+            &json!({"spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,
+            "renewTime": now}}),
+        ),
+    );
+    assert_eq!(code, 200, "{body:#}");
+    let (status, stdout, stderr) = run.finish();
+    let stderr = stderr.join("\n");
+    assert_eq!(status.code(), Some(1), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].ends_with(": the controller manager stopped with exit code 1"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("  why: the leader lost its lease (leaderelection lost")
+            && lines[1].ends_with("), so the controllers stopped (exit code 1)"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("error: the scene did not converge: the leader lost its lease"),
+        "{stderr}"
+    );
+    assert!(!kubeconfig.exists(), "{}", kubeconfig.display());
+    assert!(
+        stderr.ends_with(&format!(
+            "its kubeconfig {} was deleted with the sandbox's temporary directory (--kubeconfig-out PATH keeps one)",
+            kubeconfig.display()
+        )),
+        "{stderr}"
+    );
+}
+
+fn kubectl_on_path() -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|p| p.join("kubectl"))
+        .find(|p| p.is_file())
+}
+
+/// While the sandbox serves: the summary's events are what the API server holds; the requests
+/// `kubectl describe node`, `kubectl get pods -A` and `kubectl describe service` make (taken
+/// from kubectl 1.32's `-v=6`) are answered, checked over HTTP whether or not kubectl is
+/// installed; kubectl itself works when it is on PATH; `--kubeconfig-out` keeps its file and
+/// the last line says so.
+#[test]
+fn kubectl_and_the_summary_agree_with_the_running_sandbox() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("sandbox.kubeconfig");
-    let mut child = Command::new(BIN)
-        .arg("sandbox")
-        .arg("--plugin-dir")
-        .arg(plugin_dir(dir.path()))
-        .args(["--nodes", "4", "--services", "2", "--duration", "10m"])
-        .arg("--kubeconfig-out")
-        .arg(&kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
+    let mut run = Running::spawn(
+        dir.path(),
+        &[
+            "--nodes",
+            "4",
+            "--services",
+            "2",
+            "--duration",
+            "10m",
+            "-o",
+            "json",
+            "--kubeconfig-out",
+            kubeconfig.to_str().unwrap(),
+        ],
+    );
+    let first = run.wait_line("the API server line", Duration::from_secs(120), |l| {
+        l.starts_with("sandbox: API server ")
     });
-    let mut seen = Vec::new();
-    let started = Instant::now();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => {
-                let serving = line.starts_with("sandbox: serving");
-                seen.push(line);
-                if serving {
-                    break;
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("the sandbox ended early:\n{}", seen.join("\n"))
-            }
-        }
-        if started.elapsed() > Duration::from_secs(240) {
-            let _ = child.kill();
-            panic!("the sandbox did not start serving:\n{}", seen.join("\n"));
-        }
+    let url = api_url(&first);
+    assert_eq!(hinted_kubeconfig(&first), kubeconfig, "{first}");
+    run.wait_line("the serving line", Duration::from_secs(240), |l| {
+        l.starts_with("sandbox: serving")
+    });
+    let report = run.json_summary(Duration::from_secs(30));
+    assert_eq!(report["converged"], true, "{report:#}");
+    let ids: Vec<&str> = report["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["providerID"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "fake://node-01",
+            "fake://node-02",
+            "fake://node-03",
+            "fake://node-04"
+        ]
+    );
+
+    // The summary's events are the server's: every event object and every repeat, among them
+    // one Synced event per node.
+    assert_eq!(report["eventsSettled"], true, "{report:#}");
+    let summary = summary_event_counts(&report);
+    assert_eq!(summary, server_event_counts(&url));
+    assert_eq!(summary[&("Normal".to_string(), "Synced".to_string())].0, 4);
+
+    // Discovery names what the verbs below read.
+    let resources = |v: &Value| -> Vec<String> {
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, core) = http(&url, "GET", "/api/v1?timeout=32s", None);
+    for r in ["pods", "endpoints", "nodes", "services", "events"] {
+        assert!(resources(&core).iter().any(|n| n == r), "{r}: {core:#}");
     }
-    let kubectl_get = |args: &[&str]| -> String {
-        let out = Command::new(&kubectl)
+    let (code, disc) = http(&url, "GET", "/apis/discovery.k8s.io/v1?timeout=32s", None);
+    assert_eq!(
+        (code, resources(&disc)),
+        (200, vec!["endpointslices".to_string()])
+    );
+
+    // kubectl describe node node-02: its pods (none run here), its events, its kubelet Lease.
+    let (code, node) = http(&url, "GET", "/api/v1/nodes/node-02", None);
+    assert_eq!(code, 200);
+    let node_uid = node["metadata"]["uid"].as_str().unwrap();
+    let (code, pods) = http(
+        &url,
+        "GET",
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-02%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed&limit=500",
+        None,
+    );
+    assert_eq!(
+        (code, &pods["kind"], &pods["items"]),
+        (200, &json!("PodList"), &json!([]))
+    );
+    let (code, events) = http(
+        &url,
+        "GET",
+        &format!("/api/v1/events?fieldSelector=involvedObject.name%3Dnode-02%2CinvolvedObject.namespace%3D%2CinvolvedObject.kind%3DNode%2CinvolvedObject.uid%3D{node_uid}&limit=500"),
+        None,
+    );
+    assert_eq!(code, 200, "{events:#}");
+    let reasons: Vec<&str> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons, ["Synced"], "{events:#}");
+    let (code, lease) = http(
+        &url,
+        "GET",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-02",
+        None,
+    );
+    assert_eq!(code, 200, "{lease:#}");
+    assert_eq!(lease["spec"]["holderIdentity"], "node-02");
+    assert_eq!(lease["metadata"]["ownerReferences"][0]["uid"], node_uid);
+
+    // kubectl get pods -A: an empty list, not a 404.
+    let (code, pods) = http(&url, "GET", "/api/v1/pods?limit=500", None);
+    assert_eq!((code, &pods["items"]), (200, &json!([])));
+
+    // kubectl describe service web: its EndpointSlices (none) and its events.
+    let (code, web) = http(&url, "GET", "/api/v1/namespaces/default/services/web", None);
+    assert_eq!(code, 200);
+    let web_uid = web["metadata"]["uid"].as_str().unwrap();
+    let (code, slices) = http(
+        &url,
+        "GET",
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dweb",
+        None,
+    );
+    assert_eq!((code, &slices["items"]), (200, &json!([])), "{slices:#}");
+    let (code, events) = http(
+        &url,
+        "GET",
+        &format!("/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dweb%2CinvolvedObject.namespace%3Ddefault%2CinvolvedObject.kind%3DService%2CinvolvedObject.uid%3D{web_uid}&limit=500"),
+        None,
+    );
+    assert_eq!(code, 200, "{events:#}");
+    assert!(
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "EnsuredLoadBalancer"),
+        "{events:#}"
+    );
+
+    match kubectl_on_path() {
+        Some(kubectl) => run_kubectl(&kubectl, &kubeconfig, dir.path(), &summary),
+        None => eprintln!(
+            "note: kubectl is not on PATH: checked the requests it makes, not kubectl itself"
+        ),
+    }
+
+    // SIGINT ends the serving period; the scene had converged: exit 0. --kubeconfig-out keeps
+    // its file, and the last line says the server it names is gone.
+    run.interrupt();
+    let (status, _, stderr) = run.finish();
+    assert_eq!(status.code(), Some(0), "{stderr:#?}");
+    assert_eq!(
+        stderr.last().map(String::as_str),
+        Some(
+            format!(
+                "sandbox: stopped; the API server is gone, {} is kept but points at it",
+                kubeconfig.display()
+            )
+            .as_str()
+        ),
+        "{stderr:#?}"
+    );
+    assert!(kubeconfig.is_file());
+}
+
+/// The real kubectl against the serving sandbox.
+fn run_kubectl(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    events: &BTreeMap<(String, String), (u64, u64)>,
+) {
+    let kubectl_run = |args: &[&str]| -> String {
+        let out = Command::new(kubectl)
             .arg("--kubeconfig")
-            .arg(&kubeconfig)
+            .arg(kubeconfig)
             .arg("--cache-dir")
-            .arg(dir.path().join("kube-cache"))
-            .arg("get")
+            .arg(dir.join("kube-cache"))
             .args(args)
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "kubectl get {args:?}: {}",
+            "kubectl {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let nodes = kubectl_get(&["nodes", "-o", "wide"]);
+    let nodes = kubectl_run(&["get", "nodes", "-o", "wide"]);
     let header: Vec<&str> = nodes.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
@@ -441,13 +930,13 @@ fn kubectl_works_against_the_running_sandbox() {
     assert_eq!(rows[1][..2], ["node-02", "Ready"], "{nodes}");
     assert_eq!(rows[1][6], "198.51.100.12", "{nodes}");
 
-    let ids = kubectl_get(&["nodes", "-o", "jsonpath={.items[*].spec.providerID}"]);
+    let ids = kubectl_run(&["get", "nodes", "-o", "jsonpath={.items[*].spec.providerID}"]);
     assert_eq!(
         ids,
         "fake://node-01 fake://node-02 fake://node-03 fake://node-04"
     );
 
-    let services = kubectl_get(&["services", "-A"]);
+    let services = kubectl_run(&["get", "services", "-A"]);
     let web = services
         .lines()
         .find(|l| l.contains(" web "))
@@ -461,34 +950,25 @@ fn kubectl_works_against_the_running_sandbox() {
         .unwrap();
     assert!(other.contains("<pending>"), "{services}");
 
-    // Events are written by a queue of their own: wait for the load balancer's.
-    let started = Instant::now();
-    loop {
-        let events = kubectl_get(&["events", "-A"]);
-        if events.contains("EnsuredLoadBalancer") && events.contains("service/web") {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "{events}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    // `kubectl get events -A` lists as many events as the summary counted.
+    let listed = kubectl_run(&["get", "events", "-A", "--no-headers"]);
+    let objects: u64 = events.values().map(|(objects, _)| objects).sum();
+    assert_eq!(listed.lines().count() as u64, objects, "{listed}");
 
-    // SIGINT ends the serving period; the scene had converged: exit 0.
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGINT);
+    let node = kubectl_run(&["describe", "node", "node-02"]);
+    for want in [
+        "ProviderID:                   fake://node-02",
+        "HolderIdentity:  node-02",
+        "Non-terminated Pods:          (0 in total)",
+        "Synced",
+    ] {
+        assert!(node.contains(want), "{want:?} in\n{node}");
     }
-    let status = child.wait().unwrap();
-    let mut summary = String::new();
-    use std::io::Read;
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut summary)
-        .unwrap();
-    assert_eq!(status.code(), Some(0), "{summary}");
-    assert!(summary.starts_with("Sandbox converged"), "{summary}");
-    assert!(summary.contains("fake://node-04"), "{summary}");
+    assert_eq!(kubectl_run(&["get", "pods", "-A"]), "", "no pods");
+    let svc = kubectl_run(&["describe", "service", "web"]);
+    for want in ["LoadBalancer Ingress:     198.1", "EnsuredLoadBalancer"] {
+        assert!(svc.contains(want), "{want:?} in\n{svc}");
+    }
 }
 
 #[test]
@@ -504,13 +984,17 @@ fn controllers_that_stop_end_the_wait_with_exit_1() {
         report["outcome"],
         "the controller manager stopped with exit code 1"
     );
+    assert_eq!(
+        report["reason"],
+        "the controllers stopped (exit code 1): cloud provider Initialize failed: no credentials"
+    );
     assert!(
         stderr.contains("error: cloud provider Initialize failed: no credentials"),
         "{stderr}"
     );
     assert!(
         stderr.contains(
-            "error: the controller manager stopped (exit code 1) before the scene converged"
+            "error: the scene did not converge: the controllers stopped (exit code 1): cloud provider Initialize failed: no credentials"
         ),
         "{stderr}"
     );

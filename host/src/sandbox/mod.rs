@@ -4,16 +4,20 @@
 //! 1. Load the plugins, select the provider, build the scene (generated, or `--scenario FILE`)
 //!    and the cloud config (for the fake without `--cloud-config`: the demo cloud).
 //! 2. Start [`crate::apiserver::ApiServer`], write a kubeconfig (also to `--kubeconfig-out`),
-//!    seed namespaces, kubelet-style nodes and LoadBalancer services (validated by the API
-//!    server with a dry run first, so a bad scenario changes nothing).
+//!    seed namespaces, kubelet-style nodes (with their Leases) and LoadBalancer services
+//!    (validated by the API server with a dry run first, so a bad scenario changes nothing).
 //! 3. Run the real daemon in-process ([`crate::daemon::run_until`], leader election on) with
 //!    flags built from ours plus any `ccm-host run` flags given after `--`.
-//! 4. Show progress until the scene converges or `--timeout` passes, print the summary (the
-//!    cluster's and the cloud's view), keep serving for `--duration`, stop everything.
+//! 4. Show progress until the scene converges or `--timeout` passes (stderr is teed meanwhile,
+//!    [`capture`], so the controllers' error lines can say why they stopped), let the events
+//!    settle, print the summary (the cluster's and the cloud's view; why not, first, when it did
+//!    not converge), keep serving for `--duration`, stop everything and say what is left of the
+//!    kubeconfig the hints named.
 //!
 //! Exit codes: 0 converged, 1 not converged (or the controllers stopped), 2 bad input,
 //! 130 interrupted before the scene converged.
 
+pub mod capture;
 pub mod observe;
 pub mod report;
 pub mod scene;
@@ -29,8 +33,8 @@ use anyhow::Context as _;
 use clap::{Args, Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -221,6 +225,16 @@ impl WorkDir {
 
     fn join(&self, name: &str) -> PathBuf {
         self.path.join(name)
+    }
+
+    /// Remove the directory now unless it is kept: Ok(true) when it was removed.
+    fn remove(mut self) -> std::io::Result<bool> {
+        if self.keep {
+            return Ok(false);
+        }
+        // Whatever happens, Drop does not try again.
+        self.keep = true;
+        std::fs::remove_dir_all(&self.path).map(|()| true)
     }
 }
 
@@ -567,9 +581,14 @@ impl Sandbox {
         }
         let kubectl_config = self.args.kubeconfig_out.as_deref().unwrap_or(&kubeconfig);
         eprintln!(
-            "sandbox: API server {} (kubectl --kubeconfig {} get nodes -o wide)",
+            "sandbox: API server {} (kubectl --kubeconfig {} get nodes -o wide{})",
             server.url(),
-            kubectl_config.display()
+            kubectl_config.display(),
+            match (&self.args.kubeconfig_out, self.work.keep) {
+                (Some(_), _) | (None, true) => "",
+                (None, false) =>
+                    "; that kubeconfig is deleted when the sandbox exits: --kubeconfig-out PATH keeps one",
+            }
         );
         eprintln!(
             "sandbox: seeded {} node(s) and {} service(s) ({}); running the controllers with provider {} ({})",
@@ -583,13 +602,33 @@ impl Sandbox {
         let interrupted = CancellationToken::new();
         let signals = tokio::spawn(watch_signals(interrupted.clone()));
         let shutdown = CancellationToken::new();
+        let mut display = Display::new(self.args.progress);
+        // From here on the controllers' error lines are kept (and still shown) so the summary
+        // can say why they stopped.
+        let mut tee = match capture::StderrTee::start() {
+            Ok(tee) => {
+                display.term_fd = tee.terminal_fd();
+                Some(tee)
+            }
+            Err(e) => {
+                tracing::debug!("sandbox: not capturing stderr: {e}");
+                None
+            }
+        };
+        let captured = |tee: &Option<capture::StderrTee>| {
+            tee.as_ref()
+                .map(capture::StderrTee::errors)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| !SANDBOX_ERRORS.iter().any(|own| e.text.starts_with(own)))
+                .collect::<Vec<_>>()
+        };
         let mut daemon = tokio::spawn(crate::daemon::run_until(
             self.run_args.clone(),
             self.max_log_level,
             shutdown.clone(),
         ));
         let started = Instant::now();
-        let mut display = Display::new(self.args.progress);
         let mut obs = Observation::default();
         let mut progress;
         let mut daemon_code = None;
@@ -636,6 +675,28 @@ impl Sandbox {
         let elapsed = started.elapsed();
         display.finish(&progress, &self.expectations, elapsed);
 
+        // The events as the API server holds them once the controllers' event writers have
+        // caught up (they queue behind each controller's client rate limit).
+        let events_settled = if interrupted.is_cancelled() {
+            false
+        } else {
+            let (events, settled) = self.settle_events(&client, &interrupted).await;
+            if let Some(events) = events {
+                obs.events = events;
+            }
+            settled
+        };
+        let converged = progress.converged() && outcome == "converged";
+        let reason = (!converged).then(|| {
+            why_not_converged(
+                daemon_code,
+                interrupted.is_cancelled(),
+                &captured(&tee),
+                &obs,
+                &progress,
+            )
+        });
+
         // Summary.
         let owned: Vec<Service> = obs
             .services
@@ -674,6 +735,8 @@ impl Sandbox {
                     self.run_args.leader_elect_resource_name
                 ),
                 lease,
+                reason: reason.clone(),
+                events_settled,
             },
             &obs,
             cloud,
@@ -689,12 +752,11 @@ impl Sandbox {
             }
             out.flush()?;
         }
-        let code = if progress.converged() && outcome == "converged" {
+        let why = reason.as_deref().unwrap_or_default();
+        let code = if converged {
             0
         } else if let Some(code) = daemon_code {
-            eprintln!(
-                "error: the controller manager stopped (exit code {code}) before the scene converged"
-            );
+            eprintln!("error: the scene did not converge: {why}");
             if code == EXIT_USAGE {
                 EXIT_USAGE
             } else {
@@ -704,7 +766,7 @@ impl Sandbox {
             EXIT_INTERRUPTED
         } else {
             eprintln!(
-                "error: the scene did not converge within {}: {} item(s) open, first: {} \
+                "error: the scene did not converge within {}: {why}; {} item(s) open, first: {} \
                  (the controllers' own logs: rerun with -v)",
                 crate::duration::format(self.timeout),
                 progress.pending.len(),
@@ -715,6 +777,7 @@ impl Sandbox {
 
         // Keep serving for kubectl users.
         if daemon_code.is_none() && !interrupted.is_cancelled() && !self.duration.is_zero() {
+            let seen_before = captured(&tee).len();
             eprintln!(
                 "sandbox: serving {} for {} (Ctrl-C to stop): kubectl --kubeconfig {} get nodes -o wide",
                 server.url(),
@@ -730,7 +793,12 @@ impl Sandbox {
                     _ = interrupted.cancelled() => break,
                     code = &mut daemon => {
                         let code = code.unwrap_or(EXIT_NOT_CONVERGED);
-                        eprintln!("error: the controller manager stopped with exit code {code}");
+                        let mut errors = captured(&tee);
+                        let errors = errors.split_off(seen_before.min(errors.len()));
+                        eprintln!(
+                            "error: the controller manager stopped with exit code {code}: {}",
+                            controllers_stopped(code, &errors)
+                        );
                         daemon_code = Some(code);
                         break;
                     }
@@ -751,13 +819,165 @@ impl Sandbox {
         }
         signals.abort();
         server.shutdown().await;
-        if let Some(out) = &self.args.kubeconfig_out {
-            eprintln!(
-                "sandbox: stopped; {} points at a server that is gone now",
-                out.display()
-            );
+        if let Some(tee) = tee.as_mut() {
+            tee.stop();
+        }
+        // Say what is left of the kubeconfig the hints named.
+        let address = self.args.api_address;
+        let work_path = self.work.path.clone();
+        let removed = self.work.remove();
+        match (&self.args.kubeconfig_out, removed) {
+            (Some(out), _) => eprintln!(
+                "sandbox: stopped; the API server is gone, {} is kept but points at it{}",
+                out.display(),
+                if address.port() == 0 {
+                    String::new()
+                } else {
+                    format!(" (a run with --api-address {address} serves that address again)")
+                }
+            ),
+            (None, Ok(true)) => eprintln!(
+                "sandbox: stopped; the API server is gone and its kubeconfig {} was deleted with the \
+                 sandbox's temporary directory (--kubeconfig-out PATH keeps one)",
+                kubeconfig.display()
+            ),
+            (None, Ok(false)) => eprintln!(
+                "sandbox: stopped; the API server is gone, {} is kept (--work-dir) but points at it",
+                kubeconfig.display()
+            ),
+            (None, Err(e)) => eprintln!(
+                "sandbox: stopped; the API server is gone; could not delete the temporary directory {} \
+                 (holding its kubeconfig): {e}",
+                work_path.display()
+            ),
         }
         Ok(code)
+    }
+
+    /// Wait until the controllers' events have reached the API server: until no event has been
+    /// written for [`EVENTS_QUIET`] (or five token intervals of `--kube-api-qps`, if longer: the
+    /// event writers queue behind their controller's client rate limit), at most
+    /// [`EVENTS_SETTLE_MAX`]. Returns the events then (None if they cannot be listed) and whether
+    /// they had settled.
+    async fn settle_events(
+        &self,
+        client: &Client,
+        interrupted: &CancellationToken,
+    ) -> (Option<Vec<Event>>, bool) {
+        let api: Api<Event> = Api::all(client.clone());
+        let quiet = EVENTS_QUIET.max(Duration::from_secs_f64(
+            (5.0 / self.settings.kube_api_qps).min(EVENTS_SETTLE_MAX.as_secs_f64()),
+        ));
+        let started = Instant::now();
+        let mut last: Option<((usize, u64), Instant)> = None;
+        loop {
+            let events = match api.list(&ListParams::default()).await {
+                Ok(list) => list.items,
+                Err(e) => {
+                    tracing::warn!("sandbox: listing the events failed: {e}");
+                    return (None, false);
+                }
+            };
+            let fingerprint = observe::events_fingerprint(&events);
+            let unchanged_since = match last {
+                Some((f, since)) if f == fingerprint => since,
+                _ => {
+                    last = Some((fingerprint, Instant::now()));
+                    Instant::now()
+                }
+            };
+            // The newest event's lastTimestamp has whole seconds: one more for the rounding.
+            let quiet_on_server = observe::newest_event_write(&events)
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age >= quiet + Duration::from_secs(1));
+            if unchanged_since.elapsed() >= quiet || quiet_on_server {
+                return (Some(events), true);
+            }
+            if started.elapsed() >= EVENTS_SETTLE_MAX {
+                return (Some(events), false);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = interrupted.cancelled() => return (Some(events), false),
+            }
+        }
+    }
+}
+
+/// The summary's events are taken once none has been written for this long.
+const EVENTS_QUIET: Duration = Duration::from_secs(2);
+/// The longest the summary waits for the events to settle.
+const EVENTS_SETTLE_MAX: Duration = Duration::from_secs(30);
+/// The sandbox's own `error:` lines (not the controllers').
+const SANDBOX_ERRORS: [&str; 2] = [
+    "the scene did not converge",
+    "the controller manager stopped",
+];
+
+/// Why the controllers stopped, from their error lines.
+fn controllers_stopped(code: i32, errors: &[capture::ErrorLine]) -> String {
+    let lease = errors
+        .iter()
+        .find(|e| e.text.starts_with("leaderelection lost"));
+    match (lease, errors.first()) {
+        (Some(lost), _) => format!(
+            "the leader lost its lease ({}), so the controllers stopped (exit code {code})",
+            lost.text
+        ),
+        (None, Some(first)) => {
+            format!("the controllers stopped (exit code {code}): {}", first.text)
+        }
+        (None, None) => format!(
+            "the controllers stopped (exit code {code}) without an error message (rerun with -v for their logs)"
+        ),
+    }
+}
+
+/// Why the scene did not converge, in one sentence: the leader lost its lease, the controllers
+/// stopped (with their first error), or the first error seen (an error line of the controllers
+/// or a Warning event, whichever came first).
+fn why_not_converged(
+    daemon_code: Option<i32>,
+    interrupted: bool,
+    errors: &[capture::ErrorLine],
+    obs: &Observation,
+    progress: &Progress,
+) -> String {
+    if let Some(code) = daemon_code {
+        return controllers_stopped(code, errors);
+    }
+    if interrupted {
+        return "interrupted (SIGINT/SIGTERM) before the scene converged".into();
+    }
+    let logged = errors
+        .first()
+        .map(|e| (Some(e.at), format!("the controllers logged: {}", e.text)));
+    let warning = obs.first_warning().map(|(e, at)| {
+        let o = &e.involved_object;
+        let object = match o.namespace.as_deref().filter(|n| !n.is_empty()) {
+            Some(ns) => format!("{ns}/{}", o.name.as_deref().unwrap_or("")),
+            None => o.name.clone().unwrap_or_default(),
+        };
+        (
+            at,
+            format!(
+                "Warning {} on {} {object}: {}",
+                e.reason.as_deref().unwrap_or(""),
+                o.kind.as_deref().unwrap_or("object").to_lowercase(),
+                e.message.as_deref().unwrap_or("").trim()
+            ),
+        )
+    });
+    let first = match (logged, warning) {
+        (Some(l), Some(w)) => Some(if w.0 <= l.0 { w } else { l }),
+        (l, w) => l.or(w),
+    };
+    match first {
+        Some((_, text)) => format!("first error seen: {text}"),
+        None => format!(
+            "no error seen; {} item(s) still open when the wait ended",
+            progress.pending.len()
+        ),
     }
 }
 
@@ -922,6 +1142,8 @@ async fn watch_signals(interrupted: CancellationToken) {
 struct Display {
     live: bool,
     enabled: bool,
+    /// The terminal's descriptor, for its width (stderr, or its copy while stderr is teed).
+    term_fd: std::os::fd::RawFd,
     last: String,
     last_at: Option<Instant>,
     frame: usize,
@@ -933,6 +1155,7 @@ impl Display {
         Display {
             live: mode == ProgressMode::Live || (mode == ProgressMode::Auto && tty),
             enabled: mode != ProgressMode::None,
+            term_fd: 2,
             last: String::new(),
             last_at: None,
             frame: 0,
@@ -966,7 +1189,7 @@ impl Display {
                 elapsed.as_secs_f64()
             );
             // Never wrap: a wrapped line cannot be redrawn in place.
-            let _ = write!(err, "\r\x1b[2K{}", fit_terminal(&text));
+            let _ = write!(err, "\r\x1b[2K{}", fit_terminal(&text, self.term_fd));
             let _ = err.flush();
         } else {
             // A line when something changed, and at least every 10 s.
@@ -989,19 +1212,19 @@ impl Display {
         let line = p.line(exp);
         if self.live {
             let text = format!("  {} {:>5.1}s  {line}", Self::bar(p), elapsed.as_secs_f64());
-            let _ = writeln!(err, "\r\x1b[2K{}", fit_terminal(&text));
+            let _ = writeln!(err, "\r\x1b[2K{}", fit_terminal(&text, self.term_fd));
         } else if line != self.last {
             let _ = writeln!(err, "sandbox: {:>5.1}s  {line}", elapsed.as_secs_f64());
         }
     }
 }
 
-/// `text` cut to the width of the terminal on stderr (unchanged when it is unknown).
-fn fit_terminal(text: &str) -> String {
-    // SAFETY: TIOCGWINSZ fills the winsize struct we pass; fd 2 is stderr.
+/// `text` cut to the width of the terminal `fd` (unchanged when it is unknown).
+fn fit_terminal(text: &str, fd: std::os::fd::RawFd) -> String {
+    // SAFETY: TIOCGWINSZ fills the winsize struct we pass; an fd that is not a terminal fails.
     let width = unsafe {
         let mut ws: libc::winsize = std::mem::zeroed();
-        (libc::ioctl(2, libc::TIOCGWINSZ, &mut ws) == 0 && ws.ws_col > 0)
+        (libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) == 0 && ws.ws_col > 0)
             .then_some(usize::from(ws.ws_col))
     };
     match width {

@@ -93,19 +93,91 @@ impl Observation {
             })
     }
 
-    /// Event counts (sum of `count`) by type and reason.
-    pub fn event_counts(&self) -> BTreeMap<(String, String), u64> {
-        let mut counts = BTreeMap::new();
+    /// Events by type and reason: how many Event objects (the rows of `kubectl get events`) and
+    /// how many occurrences (the sum of their `count` fields: kubectl's `(x3 over 2m)`).
+    pub fn event_counts(&self) -> BTreeMap<(String, String), EventTally> {
+        let mut counts: BTreeMap<(String, String), EventTally> = BTreeMap::new();
         for e in &self.events {
             let key = (
                 e.type_.clone().unwrap_or_default(),
                 e.reason.clone().unwrap_or_default(),
             );
-            *counts.entry(key).or_insert(0) +=
-                u64::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1);
+            let tally = counts.entry(key).or_default();
+            tally.objects += 1;
+            tally.count += u64::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1);
         }
         counts
     }
+
+    /// The first Warning event (by its first timestamp), with when it was first seen.
+    pub fn first_warning(&self) -> Option<(&Event, Option<std::time::SystemTime>)> {
+        self.events
+            .iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .map(|e| (e, event_first_seen(e)))
+            .min_by_key(|(e, at)| {
+                (
+                    *at,
+                    e.metadata
+                        .resource_version
+                        .as_deref()
+                        .and_then(|rv| rv.parse::<u64>().ok()),
+                )
+            })
+    }
+}
+
+/// A fingerprint of `events`: how many there are and the newest resourceVersion. It changes
+/// with every event written (created, or a repeat counted).
+pub fn events_fingerprint(events: &[Event]) -> (usize, u64) {
+    let newest = events
+        .iter()
+        .filter_map(|e| e.metadata.resource_version.as_deref()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    (events.len(), newest)
+}
+
+/// When the newest of `events` was last written (its `lastTimestamp`, else `eventTime`, else
+/// its creation; whole seconds, as the API serialises them).
+pub fn newest_event_write(events: &[Event]) -> Option<std::time::SystemTime> {
+    events
+        .iter()
+        .filter_map(|e| {
+            let ts = e
+                .last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| e.event_time.as_ref().map(|t| t.0))
+                .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+            system_time(ts)
+        })
+        .max()
+}
+
+fn system_time(ts: k8s_openapi::jiff::Timestamp) -> Option<std::time::SystemTime> {
+    let millis = u64::try_from(ts.as_millisecond()).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis))
+}
+
+/// Event objects and occurrences of one type and reason.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EventTally {
+    /// Event objects.
+    pub objects: u64,
+    /// Occurrences: the sum of their `count` fields.
+    pub count: u64,
+}
+
+/// When an event was first seen: `firstTimestamp`, else `eventTime`, else its creation.
+fn event_first_seen(e: &Event) -> Option<std::time::SystemTime> {
+    let ts = e
+        .first_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .or_else(|| e.event_time.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+    system_time(ts)
 }
 
 /// Whether a node is initialised: it has a providerID and no `uninitialized` taint.
@@ -212,7 +284,7 @@ pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progres
             .event_counts()
             .iter()
             .filter(|((t, _), _)| t == "Warning")
-            .map(|(_, n)| n)
+            .map(|(_, n)| n.count)
             .sum(),
         ..Default::default()
     };

@@ -264,7 +264,7 @@ pub struct ServiceRow {
     pub finalizer: bool,
 }
 
-/// Events of one type and reason.
+/// Events of one type and reason, as the API server holds them.
 #[derive(Debug, Clone, Serialize)]
 pub struct EventCount {
     /// `Normal` or `Warning`.
@@ -272,9 +272,15 @@ pub struct EventCount {
     pub type_: String,
     /// Reason.
     pub reason: String,
-    /// Occurrences (with repeats).
+    /// Event objects (the rows `kubectl get events` lists).
+    pub objects: u64,
+    /// Occurrences: the sum of their `count` fields (a repeat of an event within 10 minutes
+    /// increments its `count`, kubectl's `(x3 over 2m)`, instead of adding an object).
     pub count: u64,
 }
+
+/// How many open items the text summary lists before "… and N more".
+pub const LISTED_OPEN_ITEMS: usize = 20;
 
 /// What was expected of the controllers: `on`, or `off: <why>`.
 #[derive(Debug, Clone, Serialize)]
@@ -296,6 +302,10 @@ pub struct Report {
     pub converged: bool,
     /// `converged`, `timed out after 2m0s`, `interrupted`, or why the controllers stopped.
     pub outcome: String,
+    /// Why it did not converge, in a sentence: the leader lost its lease, the controllers
+    /// stopped (with their first error), or the first error seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Seconds from starting the controllers to the end of the wait.
     pub elapsed_seconds: f64,
     /// Where the scene came from.
@@ -315,8 +325,12 @@ pub struct Report {
     pub services: Vec<ServiceRow>,
     /// The cloud's view.
     pub cloud: CloudView,
-    /// Events by type and reason, most frequent first.
+    /// Events by type and reason, most frequent first: what the API server holds when the
+    /// summary is taken.
     pub events: Vec<EventCount>,
+    /// No event had been written for a while when the summary was taken (false: the
+    /// controllers were still writing events, `kubectl get events` shows later ones).
+    pub events_settled: bool,
     /// The leader-election lease (`namespace/name`).
     pub lease: String,
     /// Its holder.
@@ -364,6 +378,10 @@ pub struct ReportInput<'a> {
     pub lease_name: String,
     /// The lease object.
     pub lease: Option<Lease>,
+    /// Why the scene did not converge (None when it did).
+    pub reason: Option<String>,
+    /// Whether the events had stopped changing.
+    pub events_settled: bool,
 }
 
 /// Build the report from the last observation and the cloud's view.
@@ -419,16 +437,18 @@ pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Rep
     let mut events: Vec<EventCount> = obs
         .event_counts()
         .into_iter()
-        .map(|((type_, reason), count)| EventCount {
+        .map(|((type_, reason), tally)| EventCount {
             type_,
             reason,
-            count,
+            objects: tally.objects,
+            count: tally.count,
         })
         .collect();
     events.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
     Report {
         converged: input.progress.converged(),
         outcome: input.outcome,
+        reason: input.reason,
         elapsed_seconds: input.elapsed_seconds,
         scene: input.scene.source.clone(),
         provider: input.provider,
@@ -443,6 +463,7 @@ pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Rep
         services,
         cloud,
         events,
+        events_settled: input.events_settled,
         lease: input.lease_name,
         lease_holder: input
             .lease
@@ -501,6 +522,20 @@ impl Report {
             self.elapsed_seconds,
             self.outcome
         )?;
+        // Why, before anything else: a long table can push the open items off the screen.
+        if !self.converged {
+            if let Some(reason) = &self.reason {
+                writeln!(out, "  why: {reason}")?;
+            }
+            if !self.not_converged.is_empty() {
+                writeln!(
+                    out,
+                    "  open: {} item(s), first: {} (all at the end)",
+                    self.not_converged.len(),
+                    self.not_converged[0]
+                )?;
+            }
+        }
         writeln!(
             out,
             "  provider {} (ProviderName {}) from {}; capabilities: {}",
@@ -627,21 +662,42 @@ impl Report {
             }
         }
         if !self.events.is_empty() {
-            writeln!(out, "\nEvents")?;
+            let objects: u64 = self.events.iter().map(|e| e.objects).sum();
+            writeln!(
+                out,
+                "\nEvents ({objects} in the API server{}; COUNT adds up their repeats)",
+                if self.events_settled {
+                    ""
+                } else {
+                    ", still being written when this summary was taken"
+                }
+            )?;
             let rows: Vec<Vec<String>> = self
                 .events
                 .iter()
-                .map(|e| vec![e.type_.clone(), e.reason.clone(), e.count.to_string()])
+                .map(|e| {
+                    vec![
+                        e.type_.clone(),
+                        e.reason.clone(),
+                        e.objects.to_string(),
+                        e.count.to_string(),
+                    ]
+                })
                 .collect();
-            table(out, &["TYPE", "REASON", "COUNT"], &rows)?;
+            table(out, &["TYPE", "REASON", "EVENTS", "COUNT"], &rows)?;
         }
         if let Some(holder) = &self.lease_holder {
             writeln!(out, "\nLease {} held by {holder}", self.lease)?;
         }
         if !self.not_converged.is_empty() {
             writeln!(out, "\nNot converged ({}):", self.not_converged.len())?;
-            for p in &self.not_converged {
+            for p in self.not_converged.iter().take(LISTED_OPEN_ITEMS) {
                 writeln!(out, "  - {p}")?;
+            }
+            if let Some(more) = self.not_converged.len().checked_sub(LISTED_OPEN_ITEMS) {
+                if more > 0 {
+                    writeln!(out, "  … and {more} more (-o json lists every item)")?;
+                }
             }
         }
         Ok(())
