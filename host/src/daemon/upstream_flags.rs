@@ -222,13 +222,15 @@ pub const KNOWN_GATES: &[Gate] = &[
     gate("WebhookRoundTripLoadBalancing", true, Stage::Beta, false),
 ];
 
-/// Gates whose value changes nothing that ccm-host does differently from upstream: the logging
-/// gates are honoured, and the lock-release gate is unused by upstream's cloud-controller-manager
-/// too (ccm-host always releases the lease on a graceful exit).
-const GATES_WITH_UPSTREAMS_EFFECT: &[&str] = &[
+/// Gates that need no note whatever their value: the logging gates are honoured; the
+/// lock-release gate is unused by upstream's cloud-controller-manager too (ccm-host always
+/// releases the lease on a graceful exit); the route controller always reacts to node changes
+/// as the watch-based mode does, and keeps the periodic pass.
+const GATES_WITHOUT_NOTE: &[&str] = &[
     LOGGING_ALPHA_OPTIONS,
     LOGGING_BETA_OPTIONS,
     "ControllerManagerReleaseLeaderElectionLockOnExit",
+    "CloudControllerManagerWatchBasedRoutesReconciliation",
 ];
 
 /// The value of `--feature-gates` (every occurrence; later settings win, as upstream).
@@ -304,7 +306,7 @@ impl FeatureGates {
         self.set
             .iter()
             .filter(|(name, value)| {
-                !GATES_WITH_UPSTREAMS_EFFECT.contains(name)
+                !GATES_WITHOUT_NOTE.contains(name)
                     && KNOWN_GATES
                         .iter()
                         .any(|g| g.name == **name && g.default != **value)
@@ -1004,7 +1006,7 @@ mod tests {
                 "--controller-start-interval=0s",
                 "--tls-min-version=VersionTLS12",
                 "--external-cloud-volume-plugin=",
-                "--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=false,LoggingAlphaOptions=true",
+                "--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=true,LoggingAlphaOptions=true",
             ])
             .no_effect(),
             Vec::<String>::new()
