@@ -680,7 +680,9 @@ impl Sandbox {
         let events_settled = if interrupted.is_cancelled() {
             false
         } else {
-            let (events, settled) = self.settle_events(&client, &interrupted).await;
+            let (events, settled) = self
+                .settle_events(&client, &interrupted, display.enabled)
+                .await;
             if let Some(events) = events {
                 obs.events = events;
             }
@@ -863,6 +865,7 @@ impl Sandbox {
         &self,
         client: &Client,
         interrupted: &CancellationToken,
+        say_so: bool,
     ) -> (Option<Vec<Event>>, bool) {
         let api: Api<Event> = Api::all(client.clone());
         let quiet = EVENTS_QUIET.max(Duration::from_secs_f64(
@@ -870,6 +873,7 @@ impl Sandbox {
         ));
         let started = Instant::now();
         let mut last: Option<((usize, u64), Instant)> = None;
+        let mut said = false;
         loop {
             let events = match api.list(&ListParams::default()).await {
                 Ok(list) => list.items,
@@ -895,6 +899,17 @@ impl Sandbox {
             }
             if started.elapsed() >= EVENTS_SETTLE_MAX {
                 return (Some(events), false);
+            }
+            if say_so && !said {
+                // Once, when the first look shows events still arriving.
+                said = true;
+                eprintln!(
+                    "sandbox: waiting for the controllers' events to reach the API server ({} so \
+                     far; until none for {}, at most {})",
+                    events.len(),
+                    crate::duration::format(quiet),
+                    crate::duration::format(EVENTS_SETTLE_MAX)
+                );
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {}
