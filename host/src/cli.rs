@@ -437,13 +437,19 @@ pub fn version_text(request: &VersionRequest) -> String {
 
 /// A command-line error as one line: clap's message with its hints, without the usage block.
 pub fn one_line_error(rendered: &str) -> String {
-    rendered
+    let mut line = String::new();
+    for part in rendered
         .lines()
         .take_while(|l| !l.starts_with("Usage:"))
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
-        .collect::<Vec<_>>()
-        .join("; ")
+    {
+        if !line.is_empty() {
+            line.push_str(if line.ends_with(':') { " " } else { "; " });
+        }
+        line.push_str(part);
+    }
+    line
 }
 
 /// Where plugins come from (shared by every command that loads them).
@@ -877,6 +883,11 @@ mod tests {
         assert_eq!(
             one_line_error(rendered),
             "error: unexpected argument '--bogus' found; tip: to pass '--bogus' as a value, use '-- --bogus'"
+        );
+        let rendered = "error: the following required arguments were not provided:\n  --plugin-dir <PLUGIN_DIRS>\n\nUsage: ccm-host run --plugin-dir <PLUGIN_DIRS>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            one_line_error(rendered),
+            "error: the following required arguments were not provided: --plugin-dir <PLUGIN_DIRS>"
         );
     }
 
