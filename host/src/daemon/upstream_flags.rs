@@ -486,6 +486,9 @@ pub struct UpstreamArgs {
     pub authorization_always_allow_paths: Option<Vec<String>>,
 }
 
+/// Upstream's default `--webhook-secure-port`.
+pub const WEBHOOK_SECURE_PORT: i64 = 10260;
+
 /// Go's TLS cipher suite names (`crypto/tls` secure and insecure suites plus the two legacy
 /// ChaCha20 names), which upstream's `--tls-cipher-suites` accepts.
 const GO_CIPHER_SUITES: &[&str] = &[
@@ -591,15 +594,17 @@ impl UpstreamArgs {
                 ));
             }
         }
-        if let Some(port) = self.webhook_secure_port {
-            if !(0..=65535).contains(&port) {
-                errors.push(format!(
-                    "--webhook-secure-port {port} must be between 0 and 65535, inclusive. A value of 0 disables the webhook endpoint entirely."
-                ));
-            } else if port != 0 && port == i64::from(secure_port) {
-                errors
-                    .push("--webhook-secure-port cannot be the same value as --secure-port".into());
-            }
+        // As upstream, the default webhook port counts too.
+        let webhook_port = self.webhook_secure_port.unwrap_or(WEBHOOK_SECURE_PORT);
+        if !(0..=65535).contains(&webhook_port) {
+            errors.push(format!(
+                "--webhook-secure-port {webhook_port} must be between 0 and 65535, inclusive. A value of 0 disables the webhook endpoint entirely."
+            ));
+        } else if webhook_port != 0 && webhook_port == i64::from(secure_port) {
+            errors.push(format!(
+                "--webhook-secure-port cannot be the same value as --secure-port ({webhook_port}; \
+                 the webhook port defaults to {WEBHOOK_SECURE_PORT}, --webhook-secure-port=0 turns it off)"
+            ));
         }
 
         // Secure serving: upstream checks these when it serves (--secure-port > 0).
@@ -960,7 +965,7 @@ mod tests {
             [
                 "--min-resync-period: invalid duration \"12\": missing unit (use e.g. 10s, 5m)",
                 "--webhooks: \"foo\" is not in the list of known webhooks (ccm-host has no webhooks)",
-                "--webhook-secure-port cannot be the same value as --secure-port",
+                "--webhook-secure-port cannot be the same value as --secure-port (10258; the webhook port defaults to 10260, --webhook-secure-port=0 turns it off)",
                 "--tls-cipher-suites: Cipher suite TLS_BOGUS not supported or doesn't exist",
                 "--tls-curve-preferences: duplicate curve preference 29",
                 "--tls-curve-preferences: curve preference 0 is out of range (must be 1-65535)",
@@ -981,6 +986,13 @@ mod tests {
         ])
         .validate(0, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
+        // As upstream, the default webhook port counts too.
+        let mut errors = Vec::new();
+        parse(&[]).validate(10260, &mut errors);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with(
+            "--webhook-secure-port cannot be the same value as --secure-port (10260;"
+        ));
         assert_eq!(
             validate(&["--webhook-secure-port=70000", "--requestheader-uid-headers=X-Remote-Uid", "--feature-gates=RemoteRequestHeaderUID=false"]),
             [
