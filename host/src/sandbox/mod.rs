@@ -769,7 +769,7 @@ impl Sandbox {
         } else {
             eprintln!(
                 "error: the scene did not converge within {}: {why}; {} item(s) open, first: {} \
-                 (the controllers' own logs: rerun with -v)",
+                 (the controllers' own logs: rerun with -v 2)",
                 crate::duration::format(self.timeout),
                 progress.pending.len(),
                 progress.pending.first().map(String::as_str).unwrap_or("")
@@ -943,7 +943,7 @@ fn controllers_stopped(code: i32, errors: &[capture::ErrorLine]) -> String {
             format!("the controllers stopped (exit code {code}): {}", first.text)
         }
         (None, None) => format!(
-            "the controllers stopped (exit code {code}) without an error message (rerun with -v for their logs)"
+            "the controllers stopped (exit code {code}) without an error message (rerun with -v 2 for their logs)"
         ),
     }
 }
