@@ -10,13 +10,15 @@
 //! - a factory turns the cloud config bytes into an [`AbiCloudProvider`], whose capability
 //!   getters return `ROption` (the Rust form of upstream's `(impl, bool)` pair: `RNone` = false).
 //!
-//! Every trait is a prefix type: methods may be appended after the `last_prefix_field` in a
-//! later minor version without breaking plugins built against this one.
+//! This interface is frozen at 1.0: every trait and struct keeps its layout for the whole major
+//! version (abi_stable refuses a plugin whose prefix types have fewer fields than the host's, so
+//! appending here would lock 1.0 plugins out). Later minor versions add modules of their own:
+//! see [`crate::ext`] and docs/abi-1.1.md.
 
 use abi_stable::{
     declare_root_module_statics,
     library::RootModule,
-    package_version_strings, sabi_trait,
+    sabi_trait,
     sabi_types::VersionStrings,
     std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
     StableAbi,
@@ -327,9 +329,15 @@ impl RootModule for PluginModule_Ref {
     declare_root_module_statics! {PluginModule_Ref}
     const BASE_NAME: &'static str = "ccm_provider_plugin";
     const NAME: &'static str = "ccm_provider_plugin";
-    /// The version of this crate: the ABI version a plugin was built against.
-    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+    /// The version of the root module's interface, frozen at 1.0.0: every type reachable from
+    /// it keeps its 1.0 layout, so any 1.x plugin loads in any 1.x host (abi_stable requires
+    /// `host minor <= plugin minor` here, which a crate version would break for 1.0 plugins in
+    /// a 1.1 host). What a plugin was built against is [`crate::ext::PluginExtV1_1::abi_version`].
+    const VERSION_STRINGS: VersionStrings = ROOT_INTERFACE_VERSION;
 }
+
+/// The frozen version of the 1.0 root interface (see [`PluginModule_Ref`]'s `VERSION_STRINGS`).
+pub const ROOT_INTERFACE_VERSION: VersionStrings = VersionStrings::new("1.0.0");
 
 /// The exported symbol that holds abi_stable's library header. `export_plugin!` spells it out
 /// so that plugin crates need no direct dependency on abi_stable; a test keeps them in sync.

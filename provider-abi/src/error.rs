@@ -34,9 +34,17 @@ impl ErrorKind {
     pub const PANICKED: Self = Self(8);
     /// The cloud config handed to the provider factory is invalid.
     pub const INVALID_CONFIG: Self = Self(9);
+    /// ABI 1.1: the cloud API refused the call for rate (HTTP 429, AWS `RequestLimitExceeded`),
+    /// optionally with the delay it asked for ([`ProviderError::throttle_delay`]). The host
+    /// pauses every call to the provider until then. A 1.0 host reads it as [`Self::OTHER`].
+    pub const THROTTLED: Self = Self(10);
+    /// ABI 1.1: the cloud rejected the provider's credentials or permissions (HTTP 401/403,
+    /// AWS `UnauthorizedOperation`/`AuthFailure`). Never evidence that an instance is gone. A
+    /// 1.0 host reads it as [`Self::OTHER`].
+    pub const UNAUTHORIZED: Self = Self(11);
 
     /// Every kind this version knows, for listings and metrics labels.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::OTHER,
         Self::NOT_FOUND,
         Self::INSTANCE_NOT_FOUND,
@@ -47,6 +55,8 @@ impl ErrorKind {
         Self::DEADLINE_EXCEEDED,
         Self::PANICKED,
         Self::INVALID_CONFIG,
+        Self::THROTTLED,
+        Self::UNAUTHORIZED,
     ];
 
     /// A stable snake_case name (used in logs and metric labels).
@@ -61,6 +71,8 @@ impl ErrorKind {
             Self::DEADLINE_EXCEEDED => "deadline_exceeded",
             Self::PANICKED => "panicked",
             Self::INVALID_CONFIG => "invalid_config",
+            Self::THROTTLED => "throttled",
+            Self::UNAUTHORIZED => "unauthorized",
             _ => "other",
         }
     }
@@ -76,7 +88,8 @@ impl fmt::Debug for ErrorKind {
     }
 }
 
-/// An error returned by a provider: a kind, a message, and for [`ErrorKind::RETRY_AFTER`] a delay.
+/// An error returned by a provider: a kind, a message, and for [`ErrorKind::RETRY_AFTER`] and
+/// [`ErrorKind::THROTTLED`] a delay.
 #[repr(C)]
 #[derive(StableAbi, Clone, PartialEq, Eq)]
 pub struct ProviderError {
@@ -132,6 +145,22 @@ impl ProviderError {
         }
     }
 
+    /// ABI 1.1: the cloud API throttled the call; `retry_after` is the delay it asked for, if
+    /// any (without one the host backs off exponentially).
+    pub fn throttled(message: impl Into<String>, retry_after: Option<Duration>) -> Self {
+        Self {
+            kind: ErrorKind::THROTTLED,
+            message: RString::from(message.into()),
+            retry_after_ms: retry_after
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// ABI 1.1: the cloud rejected the provider's credentials or permissions.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::UNAUTHORIZED, message)
+    }
+
     /// The call was cancelled by the host.
     pub fn cancelled(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::CANCELLED, message)
@@ -167,6 +196,13 @@ impl ProviderError {
         (self.kind == ErrorKind::RETRY_AFTER).then(|| Duration::from_millis(self.retry_after_ms))
     }
 
+    /// For [`ErrorKind::THROTTLED`]: `Some(delay asked for)`, `Some(None)` without one; `None`
+    /// for every other kind.
+    pub fn throttle_delay(&self) -> Option<Option<Duration>> {
+        (self.kind == ErrorKind::THROTTLED)
+            .then(|| (self.retry_after_ms > 0).then(|| Duration::from_millis(self.retry_after_ms)))
+    }
+
     /// True for upstream `InstanceNotFound` (and the generic `NotFound`).
     pub fn is_not_found(&self) -> bool {
         matches!(
@@ -195,6 +231,9 @@ impl fmt::Debug for ProviderError {
         d.field("kind", &self.kind)
             .field("message", &self.message.as_str());
         if let Some(after) = self.retry_after_delay() {
+            d.field("retry_after", &after);
+        }
+        if let Some(Some(after)) = self.throttle_delay() {
             d.field("retry_after", &after);
         }
         d.finish()
@@ -234,6 +273,20 @@ mod tests {
             "failed to ensure load balancer: still provisioning"
         );
         assert_eq!(ProviderError::other("x").retry_after_delay(), None);
+    }
+
+    #[test]
+    fn throttled_carries_an_optional_delay_apart_from_retry_after() {
+        let e = ProviderError::throttled("Rate exceeded", Some(Duration::from_millis(1500)));
+        assert_eq!(e.kind(), ErrorKind::THROTTLED);
+        assert_eq!(e.throttle_delay(), Some(Some(Duration::from_millis(1500))));
+        assert_eq!(e.retry_after_delay(), None, "not an upstream RetryError");
+        assert_eq!(
+            ProviderError::throttled("slow down", None).throttle_delay(),
+            Some(None)
+        );
+        assert_eq!(ProviderError::other("x").throttle_delay(), None);
+        assert_eq!(ErrorKind::UNAUTHORIZED.name(), "unauthorized");
     }
 
     #[test]

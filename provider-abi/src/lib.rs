@@ -28,23 +28,30 @@
 //! reported as [`ErrorKind::PANICKED`]; plugins must keep `panic = "unwind"` (the default).
 //!
 //! ## Versioning
-//! The major version of this crate is the plugin ABI version; it is recorded in every plugin.
-//! The host accepts a plugin built against the **same major version and the same or a newer
-//! minor version** than the host itself was built with: a newer plugin may carry methods the
-//! host does not call yet (all traits are prefix types), while an older plugin lacks methods the
-//! host may call, so it is refused with "rebuild against ccm-provider-abi >= X.Y". New methods
-//! are only ever appended after a trait's `last_prefix_field`; data structs never change in a
-//! minor release. The whole upstream interface ships in 1.0, so additions should be rare.
+//! The major version of this crate is the plugin ABI version. Within a major version every host
+//! loads every plugin, older or newer (docs/abi-1.1.md):
+//! - the 1.0 interface ([`abi`], reached from the root module) is frozen: its traits and structs
+//!   never change, and the root module declares the fixed interface version 1.0.0;
+//! - each minor version adds one extension module of its own ([`ext`] for 1.1) that the plugin
+//!   exports under its own symbol and the host checks separately: a host uses the extensions it
+//!   knows and the plugin offers, and falls back to 1.0 behaviour for the rest;
+//! - new error kinds are new [`ErrorKind`] codes; a host that does not know one treats it as
+//!   [`ErrorKind::OTHER`].
+//!
+//! [`export_plugin!`] exports both the root module and every extension module of this version,
+//! so a plugin built against 1.1 loads in a 1.0 host (as a 1.0 plugin) and in a 1.1 host (with
+//! its 1.1 additions).
 
 pub mod abi;
 pub mod context;
 pub mod error;
+pub mod ext;
 pub mod sdk;
 pub mod types;
 
 pub use context::CallContext;
 pub use error::{ErrorKind, ProviderError};
-pub use types::{InstanceMetadata, Route, Zone};
+pub use types::{InstanceMetadata, InstanceStatus, Route, Zone};
 
 #[doc(hidden)]
 pub use abi_stable;
@@ -58,11 +65,12 @@ pub const ABI_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub mod prelude {
     pub use crate::context::CallContext;
     pub use crate::error::{ErrorKind, ProviderError};
+    pub use crate::ext::InstanceQuery;
     pub use crate::sdk::{
-        CloudProvider, Clusters, Host, Instances, InstancesV2, LoadBalancer, Registrar, Routes,
-        Zones,
+        BulkInstances, CloudProvider, Clusters, Host, Instances, InstancesV2, LoadBalancer,
+        Registrar, Routes, Zones,
     };
-    pub use crate::types::{address_type, InstanceMetadata, Route, Zone};
+    pub use crate::types::{address_type, InstanceMetadata, InstanceStatus, Route, Zone};
     pub use k8s_openapi::api::core::v1::{
         LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, PortStatus, Service,
     };
@@ -93,6 +101,36 @@ macro_rules! export_plugin {
             registrar: $crate::abi::RegistrarBox,
         ) -> $crate::abi::AbiResult<()> {
             $crate::sdk::__run_registration(registrar, $register)
+        }
+
+        #[doc(hidden)]
+        extern "C" fn __ccm_plugin_register_v1_1(
+            registrar: $crate::ext::ExtRegistrarBox,
+        ) -> $crate::abi::AbiResult<()> {
+            $crate::sdk::__run_registration_v1_1(registrar, $register)
+        }
+
+        /// ABI 1.1: the extension module (see `ccm_provider_abi::ext::EXT_V1_1_SYMBOL`).
+        #[doc(hidden)]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn ccm_provider_plugin_ext_v1_1() -> $crate::ext::ExtV1_1Export {
+            use $crate::abi_stable::prefix_type::PrefixTypeTrait;
+            $crate::ext::ExtV1_1Export {
+                layout: $crate::ext::expected_layout(),
+                module: $crate::ext::PluginExtV1_1 {
+                    abi_version: $crate::abi_stable::std_types::RStr::from_str(
+                        $crate::ABI_VERSION,
+                    ),
+                    // Evaluated in the plugin crate: its own panic strategy.
+                    panic_strategy: if cfg!(panic = "abort") {
+                        $crate::ext::PanicStrategy::ABORT
+                    } else {
+                        $crate::ext::PanicStrategy::UNWIND
+                    },
+                    register: __ccm_plugin_register_v1_1,
+                }
+                .leak_into_prefix(),
+            }
         }
 
         /// abi_stable's library header (see `ccm_provider_abi::abi::ROOT_MODULE_SYMBOL`).

@@ -19,7 +19,11 @@ use serde::de::DeserializeOwned;
 use crate::abi::*;
 use crate::context::CallContext;
 use crate::error::ProviderError;
-use crate::types::{AbiRoute, InstanceMetadata, Route, Zone};
+use crate::ext::{
+    AbiInstanceStatus, AbiProviderExt, AbiProviderFactoryV1_1, AbiProviderV1_1, ExtCapabilities,
+    ExtRegistrarBox, InstanceQuery, ProviderExtBox, ProviderFactoryV1_1Box,
+};
+use crate::types::{AbiRoute, InstanceMetadata, InstanceStatus, Route, Zone};
 
 /// Result of every SDK method.
 pub type Result<T, E = ProviderError> = std::result::Result<T, E>;
@@ -61,6 +65,44 @@ pub trait CloudProvider: Send + Sync + 'static {
     fn routes(&self) -> Option<Arc<dyn Routes>> {
         None
     }
+
+    // ---- ABI 1.1 additions (a 1.0 host never calls them) ----
+
+    /// The providerID prefixes (platforms, KEP-5778) whose nodes this provider owns, e.g.
+    /// `["aws://"]`. Empty (the default): `<provider_name>://`.
+    fn platforms(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Bulk instance lookups: answers for many nodes in one call. The host batches node
+    /// initialisation, the address loop and the lifecycle checks through it when present.
+    fn bulk_instances(&self) -> Option<Arc<dyn BulkInstances>> {
+        None
+    }
+    /// Apply new `--cloud-config` bytes in place (the file changed: rotated credentials, new
+    /// settings). Return an error to keep the current configuration; the default
+    /// (`NotImplemented`) makes the host build a new provider from the factory instead and
+    /// swap it in once its `initialize` succeeded.
+    fn reconfigure(&self, _ctx: &CallContext, _config: &[u8]) -> Result<()> {
+        Err(ProviderError::not_implemented())
+    }
+    /// Whether the provider can do its work now (credentials valid, cloud API reachable);
+    /// shown as its own `/readyz` check. The default (`NotImplemented`) adds no check.
+    fn health(&self, _ctx: &CallContext) -> Result<()> {
+        Err(ProviderError::not_implemented())
+    }
+}
+
+/// ABI 1.1: answers for many nodes in one call (see [`CloudProvider::bulk_instances`]).
+pub trait BulkInstances: Send + Sync + 'static {
+    /// One answer per node, in the order of `nodes`: whether its instance exists (`exists:
+    /// false` is the explicit "does not exist"; never report that for an error), whether it is
+    /// shut down, and its metadata, as `query` asks. A per-node `Err` fails only that node.
+    fn instances_batch(
+        &self,
+        ctx: &CallContext,
+        nodes: &[Node],
+        query: InstanceQuery,
+    ) -> Result<Vec<Result<InstanceStatus>>>;
 }
 
 /// Upstream `LoadBalancer`. Treat `service` and `nodes` as read-only.
@@ -103,6 +145,25 @@ pub trait LoadBalancer: Send + Sync + 'static {
         cluster_name: &str,
         service: &Service,
     ) -> Result<()>;
+
+    // ---- ABI 1.1 additions (a 1.0 host never calls them) ----
+
+    /// The node names the Service's load balancer targets now (`Ok(None)` when it does not
+    /// exist). `ccm-host check` uses it to verify that `update_load_balancer` honours the host
+    /// set; the default (`NotImplemented`) makes that check a skip.
+    fn load_balancer_hosts(
+        &self,
+        _ctx: &CallContext,
+        _cluster_name: &str,
+        _service: &Service,
+    ) -> Result<Option<Vec<String>>> {
+        Err(ProviderError::not_implemented())
+    }
+    /// Whether two Services may get the same load-balancer address (e.g. one shared IP told
+    /// apart by port). `false` (the default): `ccm-host check` expects distinct addresses.
+    fn shares_addresses(&self) -> bool {
+        false
+    }
 }
 
 /// Upstream legacy `Instances`.
@@ -219,14 +280,27 @@ impl Host {
 }
 
 /// Handed to the plugin's registration function (upstream `RegisterCloudProvider`).
+///
+/// The same registration function serves both host generations: a 1.0 host calls it through
+/// the root module (1.0 factories), a 1.1 host through the extension module (1.1 factories,
+/// whose providers also carry the 1.1 additions).
 pub struct Registrar {
-    inner: RegistrarBox,
+    inner: RegistrarInner,
+}
+
+enum RegistrarInner {
+    V1_0(RegistrarBox),
+    V1_1(ExtRegistrarBox),
 }
 
 impl Registrar {
     /// Path of the plugin file being loaded.
     pub fn plugin_path(&self) -> PathBuf {
-        PathBuf::from(self.inner.plugin_path().into_string())
+        let path = match &self.inner {
+            RegistrarInner::V1_0(r) => r.plugin_path(),
+            RegistrarInner::V1_1(r) => r.plugin_path(),
+        };
+        PathBuf::from(path.into_string())
     }
 
     /// Register a provider under `name`. `factory` receives the `--cloud-config` bytes (`None`
@@ -236,10 +310,17 @@ impl Registrar {
         P: CloudProvider,
         F: Fn(Option<&[u8]>) -> Result<P> + Send + Sync + 'static,
     {
-        let factory = ProviderFactoryBox::from_value(FactoryAdapter(factory), TD_Opaque);
-        self.inner
-            .register_provider(name.into(), factory)
-            .into_result()
+        match &mut self.inner {
+            RegistrarInner::V1_0(r) => {
+                let factory = ProviderFactoryBox::from_value(FactoryAdapter(factory), TD_Opaque);
+                r.register_provider(name.into(), factory).into_result()
+            }
+            RegistrarInner::V1_1(r) => {
+                let factory =
+                    ProviderFactoryV1_1Box::from_value(FactoryAdapter(factory), TD_Opaque);
+                r.register_provider(name.into(), factory).into_result()
+            }
+        }
     }
 }
 
@@ -318,12 +399,12 @@ impl log::Log for ForwardingLogger {
     fn flush(&self) {}
 }
 
-fn install_logging(registrar: &RegistrarBox) {
-    if HOST_LOGGER.set(registrar.logger()).is_ok() {
+fn install_logging(logger: LoggerBox, max_log_level: u8) {
+    if HOST_LOGGER.set(logger).is_ok() {
         // Each plugin has its own copy of std and of the `log` facade: these calls only affect
         // this plugin. A failure means the plugin installed its own logger, which we respect.
         let _ = log::set_logger(&ForwardingLogger);
-        let max = match registrar.max_log_level() {
+        let max = match max_log_level {
             log_level::OFF => log::LevelFilter::Off,
             log_level::ERROR => log::LevelFilter::Error,
             log_level::WARN => log::LevelFilter::Warn,
@@ -349,8 +430,22 @@ pub fn __run_registration(
     registrar: RegistrarBox,
     register: fn(&mut Registrar) -> Result<()>,
 ) -> AbiResult<()> {
-    install_logging(&registrar);
-    let mut registrar = Registrar { inner: registrar };
+    install_logging(registrar.logger(), registrar.max_log_level());
+    let mut registrar = Registrar {
+        inner: RegistrarInner::V1_0(registrar),
+    };
+    guard("plugin registration", move || register(&mut registrar))
+}
+
+#[doc(hidden)]
+pub fn __run_registration_v1_1(
+    registrar: ExtRegistrarBox,
+    register: fn(&mut Registrar) -> Result<()>,
+) -> AbiResult<()> {
+    install_logging(registrar.logger(), registrar.max_log_level());
+    let mut registrar = Registrar {
+        inner: RegistrarInner::V1_1(registrar),
+    };
     guard("plugin registration", move || register(&mut registrar))
 }
 
@@ -395,7 +490,104 @@ where
     }
 }
 
+impl<P, F> AbiProviderFactoryV1_1 for FactoryAdapter<F>
+where
+    P: CloudProvider,
+    F: Fn(Option<&[u8]>) -> Result<P> + Send + Sync + 'static,
+{
+    fn create(&self, config: ROption<RSlice<'_, u8>>) -> AbiResult<AbiProviderV1_1> {
+        guard("provider factory", || {
+            let provider = Arc::new((self.0)(config.into_option().map(|c| c.as_slice()))?);
+            Ok(AbiProviderV1_1 {
+                base: CloudProviderBox::from_value(ProviderAdapter(provider.clone()), TD_Opaque),
+                ext: ProviderExtBox::from_value(ExtAdapter(provider), TD_Opaque),
+            })
+        })
+    }
+}
+
 struct ProviderAdapter<P>(Arc<P>);
+
+/// The 1.1 additions of a provider, over the same value as its [`ProviderAdapter`].
+struct ExtAdapter<P>(Arc<P>);
+
+impl<P: CloudProvider> AbiProviderExt for ExtAdapter<P> {
+    fn capabilities(&self) -> ExtCapabilities {
+        guard_infallible("Capabilities", ExtCapabilities::empty(), || {
+            let mut caps = ExtCapabilities::empty();
+            if self.0.bulk_instances().is_some() {
+                caps = caps.with(ExtCapabilities::BULK_INSTANCES);
+            }
+            if self
+                .0
+                .load_balancer()
+                .is_some_and(|lb| lb.shares_addresses())
+            {
+                caps = caps.with(ExtCapabilities::LB_SHARED_ADDRESSES);
+            }
+            caps
+        })
+    }
+
+    fn platforms(&self) -> RVec<RString> {
+        guard_infallible("Platforms", Vec::new(), || self.0.platforms())
+            .into_iter()
+            .map(RString::from)
+            .collect()
+    }
+
+    fn instances_batch(
+        &self,
+        ctx: &CallContext,
+        nodes: RSlice<'_, RString>,
+        query: InstanceQuery,
+    ) -> AbiResult<RVec<RResult<AbiInstanceStatus, ProviderError>>> {
+        guard("InstancesBatch", || {
+            let Some(bulk) = self.0.bulk_instances() else {
+                return Err(ProviderError::not_implemented());
+            };
+            let nodes = parse_nodes(nodes)?;
+            let answers = bulk.instances_batch(ctx, &nodes, query)?;
+            if answers.len() != nodes.len() {
+                return Err(ProviderError::other(format!(
+                    "instances_batch answered {} nodes, asked for {}",
+                    answers.len(),
+                    nodes.len()
+                )));
+            }
+            Ok(answers
+                .into_iter()
+                .map(|a| RResult::from(a.map(AbiInstanceStatus::from)))
+                .collect())
+        })
+    }
+
+    fn reconfigure(&self, ctx: &CallContext, config: RSlice<'_, u8>) -> AbiResult<()> {
+        guard("Reconfigure", || self.0.reconfigure(ctx, config.as_slice()))
+    }
+
+    fn health(&self, ctx: &CallContext) -> AbiResult<()> {
+        guard("Health", || self.0.health(ctx))
+    }
+
+    fn load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        service: RStr<'_>,
+    ) -> AbiResult<ROption<RVec<RString>>> {
+        guard("LoadBalancerHosts", || {
+            let Some(lb) = self.0.load_balancer() else {
+                return Err(ProviderError::not_implemented());
+            };
+            let svc: Service = parse("Service", service)?;
+            Ok(lb
+                .load_balancer_hosts(ctx, cluster_name.as_str(), &svc)?
+                .map(|hosts| hosts.into_iter().map(RString::from).collect())
+                .into())
+        })
+    }
+}
 
 impl<P: CloudProvider> AbiCloudProvider for ProviderAdapter<P> {
     fn provider_name(&self) -> RString {

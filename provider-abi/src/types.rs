@@ -46,6 +46,37 @@ pub struct InstanceMetadata {
     pub additional_labels: BTreeMap<String, String>,
 }
 
+/// ABI 1.1: one node's answer to a bulk lookup ([`crate::sdk::BulkInstances`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InstanceStatus {
+    /// The instance exists; `false` is the explicit "does not exist" answer.
+    pub exists: bool,
+    /// The instance is shut down.
+    pub shutdown: bool,
+    /// Its metadata, when asked for and the instance exists.
+    pub metadata: Option<InstanceMetadata>,
+}
+
+impl From<InstanceStatus> for crate::ext::AbiInstanceStatus {
+    fn from(s: InstanceStatus) -> Self {
+        Self {
+            exists: s.exists,
+            shutdown: s.shutdown,
+            metadata: s.metadata.map(AbiInstanceMetadata::from).into(),
+        }
+    }
+}
+
+impl From<crate::ext::AbiInstanceStatus> for InstanceStatus {
+    fn from(s: crate::ext::AbiInstanceStatus) -> Self {
+        Self {
+            exists: s.exists,
+            shutdown: s.shutdown,
+            metadata: s.metadata.into_option().map(InstanceMetadata::from),
+        }
+    }
+}
+
 /// A failure domain (upstream `cloudprovider.Zone`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Zone {

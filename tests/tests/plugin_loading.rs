@@ -130,8 +130,9 @@ fn abi_incompatible_plugin_is_refused_with_one_line() {
         reason.starts_with("its plugin interface does not match this host ("),
         "{reason}"
     );
+    // Any 1.x plugin loads (docs/abi-1.1.md): the advice names the range this host accepts.
     assert!(
-        reason.ends_with("rebuild it against ccm-provider-abi >= 1.0"),
+        reason.ends_with("rebuild it against ccm-provider-abi 1.x, x <= 1"),
         "{reason}"
     );
     assert!(
@@ -335,7 +336,10 @@ fn plugins_command_lists_providers_capabilities_and_refusals() {
     assert_eq!(providers[0]["capabilities"]["instancesV2"], true);
     assert_eq!(providers[1]["name"], "fake-v1");
     assert_eq!(providers[1]["capabilities"]["instancesV2"], false);
-    assert_eq!(listing["plugins"][0]["abiVersion"], "1.0.0");
+    assert_eq!(
+        listing["plugins"][0]["abiVersion"],
+        ccm_provider_abi::ABI_VERSION
+    );
     assert!(listing["refused"][0]["reason"]
         .as_str()
         .unwrap()

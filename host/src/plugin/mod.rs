@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ccm_provider_abi::abi::ProviderFactoryBox;
+use ccm_provider_abi::ext::ProviderFactoryV1_1Box;
 use serde::Serialize;
 
 pub use loader::LoaderOptions;
@@ -48,6 +49,15 @@ impl fmt::Display for RefusedPlugin {
     }
 }
 
+/// A provider factory as the plugin registered it: through the 1.0 root module, or through the
+/// ABI 1.1 extension module (its providers also carry the 1.1 additions).
+pub enum Factory {
+    /// Registered by a plugin without the 1.1 extension.
+    V1_0(ProviderFactoryBox),
+    /// Registered through the 1.1 extension module.
+    V1_1(ProviderFactoryV1_1Box),
+}
+
 /// A registered provider factory and where it came from.
 #[derive(Clone)]
 pub struct ProviderRegistration {
@@ -55,7 +65,7 @@ pub struct ProviderRegistration {
     pub name: String,
     /// The plugin file that registered it.
     pub plugin_path: PathBuf,
-    factory: Arc<ProviderFactoryBox>,
+    factory: Arc<Factory>,
 }
 
 impl fmt::Debug for ProviderRegistration {

@@ -8,8 +8,11 @@ use abi_stable::std_types::{RResult, RStr, RString};
 use ccm_provider_abi::abi::{
     log_level, AbiLogger, AbiRegistrar, AbiResult, LoggerBox, ProviderFactoryBox, RegistrarBox,
 };
+use ccm_provider_abi::ext::{AbiExtRegistrar, ExtRegistrarBox, ProviderFactoryV1_1Box};
 
-type Registrations = Arc<Mutex<Vec<(String, ProviderFactoryBox)>>>;
+use super::Factory;
+
+type Registrations = Arc<Mutex<Vec<(String, Factory)>>>;
 
 /// Collects what one plugin registers during its `register` call.
 pub(super) struct HostRegistrar {
@@ -27,19 +30,26 @@ impl HostRegistrar {
         }
     }
 
-    /// The FFI object handed to the plugin; it shares the registration list with `self`.
-    pub fn to_abi(&self) -> RegistrarBox {
-        RegistrarBox::from_value(
-            AbiSide {
-                path: self.path.clone(),
-                max_log_level: self.max_log_level,
-                registrations: self.registrations.clone(),
-            },
-            TD_Opaque,
-        )
+    fn side(&self) -> AbiSide {
+        AbiSide {
+            path: self.path.clone(),
+            max_log_level: self.max_log_level,
+            registrations: self.registrations.clone(),
+        }
     }
 
-    pub fn take(&self) -> Vec<(String, ProviderFactoryBox)> {
+    /// The FFI object handed to a 1.0 plugin's `register`; it shares the registration list
+    /// with `self`.
+    pub fn to_abi(&self) -> RegistrarBox {
+        RegistrarBox::from_value(self.side(), TD_Opaque)
+    }
+
+    /// The same for the ABI 1.1 extension's `register` (1.1 factories).
+    pub fn to_abi_v1_1(&self) -> ExtRegistrarBox {
+        ExtRegistrarBox::from_value(self.side(), TD_Opaque)
+    }
+
+    pub fn take(&self) -> Vec<(String, Factory)> {
         std::mem::take(&mut *self.registrations.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -50,13 +60,9 @@ struct AbiSide {
     registrations: Registrations,
 }
 
-impl AbiRegistrar for AbiSide {
+impl AbiSide {
     fn plugin_path(&self) -> RString {
         self.path.to_string_lossy().into_owned().into()
-    }
-
-    fn max_log_level(&self) -> u8 {
-        self.max_log_level
     }
 
     fn logger(&self) -> LoggerBox {
@@ -68,13 +74,53 @@ impl AbiRegistrar for AbiSide {
         LoggerBox::from_value(PluginLogger { plugin }, TD_Opaque)
     }
 
-    fn register_provider(&mut self, name: RStr<'_>, factory: ProviderFactoryBox) -> AbiResult<()> {
+    fn register(&self, name: RStr<'_>, factory: Factory) -> AbiResult<()> {
         // Names are validated once the plugin returns, so that the reason names the file.
         self.registrations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((name.to_string(), factory));
         RResult::ROk(())
+    }
+}
+
+impl AbiRegistrar for AbiSide {
+    fn plugin_path(&self) -> RString {
+        AbiSide::plugin_path(self)
+    }
+
+    fn max_log_level(&self) -> u8 {
+        self.max_log_level
+    }
+
+    fn logger(&self) -> LoggerBox {
+        AbiSide::logger(self)
+    }
+
+    fn register_provider(&mut self, name: RStr<'_>, factory: ProviderFactoryBox) -> AbiResult<()> {
+        self.register(name, Factory::V1_0(factory))
+    }
+}
+
+impl AbiExtRegistrar for AbiSide {
+    fn plugin_path(&self) -> RString {
+        AbiSide::plugin_path(self)
+    }
+
+    fn max_log_level(&self) -> u8 {
+        self.max_log_level
+    }
+
+    fn logger(&self) -> LoggerBox {
+        AbiSide::logger(self)
+    }
+
+    fn register_provider(
+        &mut self,
+        name: RStr<'_>,
+        factory: ProviderFactoryV1_1Box,
+    ) -> AbiResult<()> {
+        self.register(name, Factory::V1_1(factory))
     }
 }
 

@@ -24,15 +24,17 @@ use std::time::Duration;
 
 use abi_stable::std_types::{RResult, RString};
 use ccm_provider_abi::abi::{
-    CloudProviderBox, ClustersBox, InstancesBox, InstancesV2Box, LoadBalancerBox,
-    ProviderFactoryBox, RoutesBox, ZonesBox,
+    CloudProviderBox, ClustersBox, InstancesBox, InstancesV2Box, LoadBalancerBox, RoutesBox,
+    ZonesBox,
 };
+use ccm_provider_abi::ext::{ExtCapabilities, ProviderExtBox};
 use ccm_provider_abi::types::AbiRoute;
 use ccm_provider_abi::{CallContext, InstanceMetadata, ProviderError, Route, Zone};
 use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use serde::Serialize;
 
+use crate::plugin::Factory;
 use crate::rate_limit::FairLimiter;
 pub use call_metrics::CallMetrics;
 use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels};
@@ -121,6 +123,12 @@ struct Inner {
     zones: Option<Arc<ZonesBox>>,
     clusters: Option<Arc<ClustersBox>>,
     routes: Option<Arc<RoutesBox>>,
+    /// The ABI 1.1 additions, when the plugin offers them.
+    ext: Option<Arc<ProviderExtBox>>,
+    /// What the extension declared (empty without one).
+    ext_capabilities: ExtCapabilities,
+    /// The platforms (providerID prefixes) this provider owns.
+    platforms: Vec<String>,
     budget: Option<FairLimiter>,
     metrics: CallMetrics,
     /// Read calls in flight by `method\0key`.
@@ -176,17 +184,38 @@ impl Provider {
     pub(crate) fn create(
         registered_name: &str,
         plugin_path: &Path,
-        factory: &Arc<ProviderFactoryBox>,
+        factory: &Arc<Factory>,
         config: Option<&[u8]>,
         options: &ProviderOptions,
     ) -> Result<Self, ProviderError> {
         let factory = factory.clone();
         let config = config.map(<[u8]>::to_vec);
-        let cloud = run_with_deadline("provider factory", options.call_timeout, move || {
-            factory.create(config.as_deref().map(Into::into).into())
-        })?;
+        let (cloud, ext) =
+            run_with_deadline("provider factory", options.call_timeout, move || {
+                let config = config.as_deref().map(Into::into).into();
+                match &*factory {
+                    Factory::V1_0(f) => f.create(config).map(|cloud| (cloud, None)),
+                    Factory::V1_1(f) => f.create(config).map(|p| (p.base, Some(p.ext))),
+                }
+            })?;
         let cloud = Arc::new(cloud);
         let provider_name = cloud.provider_name().into_string();
+        let ext_capabilities = ext
+            .as_ref()
+            .map_or(ExtCapabilities::empty(), |e| e.capabilities());
+        let mut platforms: Vec<String> = ext
+            .as_ref()
+            .map(|e| {
+                e.platforms()
+                    .into_iter()
+                    .map(RString::into_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if platforms.is_empty() {
+            // A 1.0 plugin, or a 1.1 provider that declared none: its ProviderName's scheme.
+            platforms.push(format!("{provider_name}://"));
+        }
         let inner = Inner {
             registered_name: registered_name.to_string(),
             provider_name,
@@ -198,6 +227,9 @@ impl Provider {
             zones: cloud.zones().into_option().map(Arc::new),
             clusters: cloud.clusters().into_option().map(Arc::new),
             routes: cloud.routes().into_option().map(Arc::new),
+            ext: ext.map(Arc::new),
+            ext_capabilities,
+            platforms,
             cloud,
             budget: (options.cloud_api_qps > 0.0)
                 .then(|| FairLimiter::new(options.cloud_api_qps, options.cloud_api_burst)),
@@ -252,6 +284,26 @@ impl Provider {
     /// The plugin file the provider came from.
     pub fn plugin_path(&self) -> &Path {
         &self.inner.plugin_path
+    }
+
+    /// The ccm-provider-abi generation of the provider's interface: `1.1` when its plugin
+    /// offers the 1.1 extension, else `1.0`.
+    pub fn abi_generation(&self) -> &'static str {
+        if self.inner.ext.is_some() {
+            "1.1"
+        } else {
+            "1.0"
+        }
+    }
+
+    /// The platforms (providerID prefixes, KEP-5778) this provider owns.
+    pub fn platforms(&self) -> &[String] {
+        &self.inner.platforms
+    }
+
+    /// What the provider's ABI 1.1 extension declared (empty for a 1.0 plugin).
+    pub fn ext_capabilities(&self) -> ExtCapabilities {
+        self.inner.ext_capabilities
     }
 
     /// `HasClusterID()`.

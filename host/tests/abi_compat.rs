@@ -1,0 +1,171 @@
+//! ABI compatibility across minor versions: a provider plugin built against the released
+//! ccm-provider-abi 1.0.0 (frozen sources in tests/fixtures/abi-1.0/) keeps loading and working
+//! in this host, next to plugins built against the current version (docs/abi-1.1.md).
+//!
+//! The fixture lives outside the workspace so that its interface crate really is 1.0.0; this
+//! test builds it with cargo, its own lock file and its own target directory (the first run
+//! compiles abi_stable and k8s-openapi once, about a minute on 2 cores).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ccm_host::apiserver::ApiServer;
+use serde_json::{json, Value};
+use support::{plugin_dir, Replica, BIN};
+
+/// Build the 1.0 fixture plugin and return the `.so`.
+fn build_abi_1_0_plugin() -> PathBuf {
+    let manifest =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/abi-1.0/plugin/Cargo.toml");
+    // target/debug/deps/<test> → target/
+    let exe = std::env::current_exe().unwrap();
+    let target = exe.ancestors().nth(3).unwrap().to_path_buf();
+    let target_dir = target.join("abi-1.0-fixture");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--locked", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building the ABI 1.0 fixture failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let so = target_dir.join("debug/libccm_fixture_abi_1_0.so");
+    assert!(so.is_file(), "{} was not built", so.display());
+    so
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_against_abi_1_0_loads_and_works_next_to_1_1_plugins() {
+    let legacy_so = build_abi_1_0_plugin();
+    let dir = tempfile::tempdir().unwrap();
+    // The current fake plugin (1.1) and the 1.0 fixture in one directory.
+    let plugins = plugin_dir(dir.path());
+    std::fs::copy(&legacy_so, plugins.join("libccm_fixture_abi_1_0.so")).unwrap();
+
+    // `ccm-host plugins` lists both, each with the ABI it was built against.
+    let out = Command::new(BIN)
+        .args(["plugins", "-o", "json", "--plugin-dir"])
+        .arg(&plugins)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listing["refused"], json!([]), "{listing:#}");
+    let abi_of = |name: &str| {
+        listing["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pluginName"] == name)
+            .map(|p| p["abiVersion"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(abi_of("ccm-fixture-abi-1-0").as_deref(), Some("1.0.0"));
+    assert_eq!(
+        abi_of("ccm-provider-fake").as_deref(),
+        Some(ccm_provider_abi::ABI_VERSION)
+    );
+
+    // The real daemon runs the 1.0 provider through the controllers.
+    let server = ApiServer::start().await.unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let ctl = server.controls();
+    let taint = json!([{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]);
+    for (name, ready) in [("node-1", "True"), ("node-2", "True"), ("gone-3", "False")] {
+        ctl.seed(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name},
+            "spec": {"taints": if ready == "True" { taint.clone() } else { json!([]) },
+                     "providerID": if ready == "True" { Value::Null } else { json!("legacy://gone-3") }},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}
+        }))
+        .unwrap();
+    }
+    ctl.seed(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}]}
+    }))
+    .unwrap();
+    let args: Vec<String> = [
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+        "--cloud-provider",
+        "legacy",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--secure-port",
+        "0",
+        "--leader-elect=false",
+        "--configure-cloud-routes=false",
+        "--node-monitor-period=1s",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let mut replica = Replica::start("legacy", &args, dir.path().join("legacy.log"), "info");
+    let converged = || {
+        let node = |n: &str| ctl.get("nodes", "", n);
+        let initialised = node("node-1").is_some_and(|n| {
+            n["spec"]["providerID"] == "legacy://node-1"
+                && n["spec"]["taints"].as_array().is_none_or(|t| t.is_empty())
+                && n["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "legacy.small"
+                && n["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-a"
+                && n["status"]["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["address"] == "10.99.0.1"))
+        }) && node("node-2")
+            .is_some_and(|n| n["spec"]["providerID"] == "legacy://node-2");
+        let deleted = node("gone-3").is_none();
+        let ingress = ctl
+            .get("services", "default", "web")
+            .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "192.0.2.2");
+        initialised && deleted && ingress
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tokio::task::block_in_place(|| {
+            wait_until(
+                "the 1.0 provider to initialise nodes, delete the gone one and ensure the LB",
+                Duration::from_secs(60),
+                converged,
+            )
+        })
+    }));
+    replica.kill();
+    if result.is_err() {
+        panic!(
+            "not converged; nodes: {:#}\nservice: {:#}\nhost log tail:\n{}",
+            json!(ctl.list("nodes")),
+            json!(ctl.get("services", "default", "web")),
+            replica.facts.tail.join("\n")
+        );
+    }
+    assert!(
+        replica.facts.host_panics.is_empty(),
+        "{:?}",
+        replica.facts.host_panics
+    );
+}
