@@ -471,6 +471,9 @@ fn valid_config() -> impl Strategy<Value = FakeConfig> {
         InjectedKind::NotImplemented,
         InjectedKind::ImplementedElsewhere,
         InjectedKind::InvalidConfig,
+        InjectedKind::Throttled,
+        InjectedKind::Unauthorized,
+        InjectedKind::Cancelled,
     ]);
     let error = (
         kind,

@@ -349,6 +349,12 @@ pub enum InjectedKind {
     RetryAfter,
     /// `InvalidConfig`.
     InvalidConfig,
+    /// ABI 1.1 `Throttled`, with `retryAfter` as the delay the cloud asked for (optional).
+    Throttled,
+    /// ABI 1.1 `Unauthorized` (credentials rejected, access denied).
+    Unauthorized,
+    /// `Cancelled`, as a plugin returns it when it sees its call cancelled.
+    Cancelled,
 }
 
 /// An injected error.
@@ -361,7 +367,8 @@ pub struct ErrorSpec {
     /// Message; default: upstream's sentinel message for the kind, or "injected error".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Delay of a `retry_after` error (required for that kind).
+    /// Delay of a `retry_after` error (required for that kind); of a `throttled` error, the
+    /// delay the cloud asked for (optional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<GoDuration>,
     /// Only the next N calls fail; left out: every call fails.
@@ -434,6 +441,16 @@ impl ErrorSpec {
             ),
             InjectedKind::InvalidConfig => {
                 ProviderError::invalid_config(msg(&format!("injected invalid config in {method}")))
+            }
+            InjectedKind::Throttled => ProviderError::throttled(
+                msg(&format!("injected throttling in {method}")),
+                self.retry_after.map(|d| d.0),
+            ),
+            InjectedKind::Unauthorized => {
+                ProviderError::unauthorized(msg(&format!("injected unauthorized in {method}")))
+            }
+            InjectedKind::Cancelled => {
+                ProviderError::cancelled(msg(&format!("injected cancellation in {method}")))
             }
         }
     }

@@ -606,6 +606,39 @@ instances:
 }
 
 #[test]
+fn injected_abi_1_1_kinds() {
+    let c = fake(
+        r#"
+errors:
+  InstanceExists: {kind: throttled, retryAfter: 1500ms}
+  InstanceShutdown: {kind: throttled}
+  InstanceMetadata: {kind: unauthorized, message: "403 Forbidden: ec2:DescribeInstances"}
+  ListRoutes: {kind: cancelled}
+"#,
+    );
+    let (x, n) = (ctx(), node("n", None));
+    let e = c.instance_exists(&x, &n).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::THROTTLED);
+    assert_eq!(e.throttle_delay(), Some(Some(Duration::from_millis(1500))));
+    assert_eq!(e.to_string(), "injected throttling in InstanceExists");
+    let e = c.instance_shutdown(&x, &n).unwrap_err();
+    assert_eq!(e.throttle_delay(), Some(None));
+    let e = c.instance_metadata(&x, &n).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.to_string().as_str()),
+        (
+            ErrorKind::UNAUTHORIZED,
+            "403 Forbidden: ec2:DescribeInstances"
+        )
+    );
+    let e = c.list_routes(&x, "k").unwrap_err();
+    assert_eq!(
+        (e.kind(), e.to_string().as_str()),
+        (ErrorKind::CANCELLED, "injected cancellation in ListRoutes")
+    );
+}
+
+#[test]
 fn latency_and_panics() {
     let c = fake("latency: {InstanceExists: 30ms}\npanics: [ListRoutes]");
     let start = Instant::now();
