@@ -201,6 +201,17 @@ impl std::fmt::Display for SceneErrors {
     }
 }
 
+/// The pod network of a generated scene: the default /16 while its 256 /24 ranges suffice, else
+/// the smallest block under 10.128.0.0/9 with a /24 for every node (2,000 nodes: a /13).
+fn generated_cluster_cidr(nodes: usize) -> Option<String> {
+    if nodes <= 256 {
+        return None;
+    }
+    let bits = usize::BITS - (nodes - 1).leading_zeros();
+    let prefix = 24u32.saturating_sub(bits).max(9);
+    Some(format!("10.128.0.0/{prefix}"))
+}
+
 impl Scenario {
     /// Read and parse a scenario file (YAML or JSON).
     pub fn read(path: &Path) -> Result<Scenario, String> {
@@ -304,7 +315,7 @@ impl Scenario {
             })
             .collect();
         Scenario {
-            cluster_cidr: None,
+            cluster_cidr: generated_cluster_cidr(nodes),
             nodes: node_specs,
             services: service_specs,
             cloud_config: None,
@@ -906,6 +917,23 @@ mod tests {
             .map_err(|e| vec![e])?
             .into_scene("test".into(), None, true)
             .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn a_large_generated_scene_gets_a_pod_network_that_fits() {
+        assert_eq!(generated_cluster_cidr(256), None);
+        assert_eq!(
+            generated_cluster_cidr(257).as_deref(),
+            Some("10.128.0.0/15")
+        );
+        assert_eq!(
+            generated_cluster_cidr(2000).as_deref(),
+            Some("10.128.0.0/13")
+        );
+        let scene = Scenario::generate(2000, 10)
+            .into_scene("generated".into(), None, true)
+            .expect("2,000 generated nodes fit");
+        assert_eq!(scene.cluster_cidr.to_string(), "10.128.0.0/13");
     }
 
     #[test]
