@@ -150,6 +150,12 @@ pub struct Metrics {
     pub service_update_lb_host_latency: Histogram,
     /// `route_controller_route_sync_total`.
     pub route_sync_total: Counter,
+    /// `ccm_node_deletions_total` (beyond upstream): Nodes the lifecycle controller deleted
+    /// because their instance does not exist in the cloud.
+    pub node_deletions: Counter,
+    /// `ccm_node_deletions_withheld_total` (beyond upstream): deletions withheld by
+    /// `--node-deletion-mode=report`, one per node and run of "does not exist" answers.
+    pub node_deletions_withheld: Counter,
     /// client-go's workqueue metrics of the controllers' queues.
     pub workqueue: WorkqueueMetrics,
 }
@@ -168,6 +174,8 @@ impl Metrics {
             service_nodesync_latency: service_buckets(),
             service_update_lb_host_latency: service_buckets(),
             route_sync_total: Counter::default(),
+            node_deletions: Counter::default(),
+            node_deletions_withheld: Counter::default(),
             workqueue: WorkqueueMetrics::default(),
         };
         m.workqueue.register(registry);
@@ -211,6 +219,16 @@ impl Metrics {
             "route_controller_route_sync",
             "A metric counting the amount of times routes have been synced with the cloud provider",
             m.route_sync_total.clone(),
+        );
+        registry.register(
+            "ccm_node_deletions",
+            "Nodes the cloud-node-lifecycle controller deleted because their instance does not exist in the cloud",
+            m.node_deletions.clone(),
+        );
+        registry.register(
+            "ccm_node_deletions_withheld",
+            "Node deletions the cloud-node-lifecycle controller withheld because of --node-deletion-mode=report, one per node and run of 'does not exist' answers",
+            m.node_deletions_withheld.clone(),
         );
         m
     }

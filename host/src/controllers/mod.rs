@@ -53,6 +53,9 @@ pub struct ControllerConfig {
     pub load_balancer_classes: Vec<String>,
     /// `--ignore-classless-services`: leave services without a class to another controller.
     pub ignore_classless_services: bool,
+    /// `--node-deletion-confirmations`, `--node-deletion-mode` and
+    /// `--node-deletion-on-instance-not-found` (default: upstream's behaviour).
+    pub node_deletion: node_lifecycle::NodeDeletionPolicy,
 }
 
 impl Default for ControllerConfig {
@@ -68,6 +71,7 @@ impl Default for ControllerConfig {
             route_reconciliation_period: Duration::from_secs(10),
             load_balancer_classes: Vec::new(),
             ignore_classless_services: false,
+            node_deletion: node_lifecycle::NodeDeletionPolicy::default(),
         }
     }
 }

@@ -13,6 +13,10 @@ use clap::{ArgAction, Args};
 use super::selection::ControllerSelection;
 use super::upstream_flags::{parse_go_bool, FeatureGates, UpstreamArgs};
 use crate::cli::PluginDirArgs;
+use crate::controllers::node_lifecycle::{
+    NodeDeletionMode, NodeDeletionPolicy, DEFAULT_DELETION_CONFIRMATIONS, DEFAULT_DELETION_MODE,
+    DEFAULT_DELETION_ON_INSTANCE_NOT_FOUND,
+};
 use crate::controllers::ControllerConfig;
 
 /// Flags of `ccm-host run`.
@@ -77,6 +81,19 @@ pub struct RunArgs {
     /// Leave services without a loadBalancerClass to another controller.
     #[arg(long, default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub ignore_classless_services: bool,
+    /// Delete a Node only after this many "does not exist" answers in a row from the cloud,
+    /// spread over at least one --node-monitor-period; any other answer starts the count again
+    /// (beyond upstream; 1 = upstream).
+    #[arg(long, value_name = "N", default_value_t = i64::from(DEFAULT_DELETION_CONFIRMATIONS))]
+    pub node_deletion_confirmations: i64,
+    /// What a confirmed "does not exist" does: delete (upstream) the Node, or report it with a
+    /// Warning event and ccm_node_deletions_withheld_total and keep the Node (beyond upstream).
+    #[arg(long, value_name = "delete|report", default_value = DEFAULT_DELETION_MODE.as_str())]
+    pub node_deletion_mode: String,
+    /// Count an InstancesV2 InstanceExists that fails with InstanceNotFound as "does not
+    /// exist" (beyond upstream, which keeps such a Node forever; k/k#141364).
+    #[arg(long, default_value_t = DEFAULT_DELETION_ON_INSTANCE_NOT_FOUND, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
+    pub node_deletion_on_instance_not_found: bool,
     /// Deadline of every provider call.
     #[arg(long, default_value = "30s")]
     pub provider_call_timeout: String,
@@ -240,6 +257,22 @@ impl RunArgs {
                 self.concurrent_service_syncs
             ));
         }
+        let deletion_confirmations = u32::try_from(self.node_deletion_confirmations)
+            .ok()
+            .filter(|n| *n >= 1);
+        if deletion_confirmations.is_none() {
+            errors.push(format!(
+                "--node-deletion-confirmations must be at least 1 (1 deletes on the first \"does not exist\" answer, as upstream), got {}",
+                self.node_deletion_confirmations
+            ));
+        }
+        let deletion_mode = NodeDeletionMode::parse(&self.node_deletion_mode);
+        if deletion_mode.is_none() {
+            errors.push(format!(
+                "--node-deletion-mode must be \"delete\" or \"report\", got {:?}",
+                self.node_deletion_mode
+            ));
+        }
         if self.leader_elect {
             if self.leader_elect_resource_lock != "leases" {
                 errors.push(format!(
@@ -332,6 +365,11 @@ impl RunArgs {
                 route_reconciliation_period: route_period,
                 load_balancer_classes: self.load_balancer_classes.clone(),
                 ignore_classless_services: self.ignore_classless_services,
+                node_deletion: NodeDeletionPolicy {
+                    confirmations: deletion_confirmations.unwrap_or(DEFAULT_DELETION_CONFIRMATIONS),
+                    mode: deletion_mode.unwrap_or(DEFAULT_DELETION_MODE),
+                    on_instance_not_found: self.node_deletion_on_instance_not_found,
+                },
             },
             selection: selection.expect("no errors means the selection parsed"),
             provider_call_timeout: call_timeout,
@@ -415,6 +453,73 @@ mod tests {
         assert_eq!(a.leader_elect_resource_name, "cloud-controller-manager");
         assert_eq!(a.leader_elect_resource_namespace, "kube-system");
         assert_eq!(s.selection.enabled().len(), 4);
+        // Safe node deletion: upstream's behaviour, the same value as the controllers' default.
+        assert_eq!(
+            s.controllers.node_deletion,
+            NodeDeletionPolicy {
+                confirmations: 1,
+                mode: NodeDeletionMode::Delete,
+                on_instance_not_found: false
+            }
+        );
+        assert_eq!(
+            s.controllers.node_deletion,
+            ControllerConfig::default().node_deletion
+        );
+    }
+
+    #[test]
+    fn node_deletion_flags() {
+        let s = parse(&[
+            "--cloud-provider=fake",
+            "--node-deletion-confirmations=3",
+            "--node-deletion-mode",
+            "report",
+            "--node-deletion-on-instance-not-found",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(
+            s.controllers.node_deletion,
+            NodeDeletionPolicy {
+                confirmations: 3,
+                mode: NodeDeletionMode::Report,
+                on_instance_not_found: true
+            }
+        );
+        let s = parse(&[
+            "--cloud-provider=fake",
+            "--node-deletion-mode=delete",
+            "--node-deletion-on-instance-not-found=false",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(s.controllers.node_deletion, NodeDeletionPolicy::default());
+        let errs = parse(&[
+            "--cloud-provider=fake",
+            "--node-deletion-confirmations=0",
+            "--node-deletion-mode=Report",
+        ])
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            errs,
+            [
+                "--node-deletion-confirmations must be at least 1 (1 deletes on the first \"does not exist\" answer, as upstream), got 0",
+                "--node-deletion-mode must be \"delete\" or \"report\", got \"Report\"",
+            ]
+        );
+        let errs = parse(&["--cloud-provider=fake", "--node-deletion-confirmations=-1"])
+            .validate()
+            .unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        let errs = parse(&[
+            "--cloud-provider=fake",
+            "--node-deletion-confirmations=4294967296",
+        ])
+        .validate()
+        .unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
     }
 
     #[test]
