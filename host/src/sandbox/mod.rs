@@ -76,7 +76,7 @@ pub enum ProgressMode {
     Auto,
     /// A live line redrawn in place.
     Live,
-    /// A plain line whenever the counts change.
+    /// A plain line when the counts changed (at most one every 2 s, at least one every 10 s).
     Lines,
     /// Nothing until the summary.
     None,
@@ -1226,11 +1226,12 @@ impl Display {
             let _ = write!(err, "\r\x1b[2K{}", fit_terminal(&text, self.term_fd));
             let _ = err.flush();
         } else {
-            // A line when something changed, and at least every 10 s.
-            let stale = self
-                .last_at
-                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
-            if line != self.last || stale {
+            // A line when something changed (at most one every 2 s, so a large scene does not
+            // write hundreds into a log file), and at least one every 10 s.
+            let since = self.last_at.map(|t| t.elapsed());
+            let changed = line != self.last && since.is_none_or(|d| d >= Duration::from_secs(2));
+            let stale = since.is_none_or(|d| d >= Duration::from_secs(10));
+            if changed || stale {
                 let _ = writeln!(err, "sandbox: {:>5.1}s  {line}", elapsed.as_secs_f64());
                 self.last = line;
                 self.last_at = Some(Instant::now());
