@@ -2,10 +2,8 @@
 //!
 //! - [`plugin`]: loading `.so` files and the provider registry (`--plugin-dir`).
 //! - [`provider`]: the selected provider as typed async calls with deadlines.
-//! - [`apiserver`]: an in-memory Kubernetes API server for tests and the sandbox.
 //! - [`cli`]: the command line.
 
-pub mod apiserver;
 pub mod check;
 pub mod cli;
 pub mod controllers;

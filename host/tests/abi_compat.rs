@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::ApiServer;
+use kube_apiserver_inmem::ApiServer;
 use serde_json::{json, Value};
 use support::{plugin_dir, Replica, BIN};
 

@@ -23,7 +23,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::ApiServer;
+use kube_apiserver_inmem::ApiServer;
 use serde_json::{json, Value};
 
 fn env_num(name: &str, default: usize) -> usize {

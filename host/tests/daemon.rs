@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::ApiServer;
+use kube_apiserver_inmem::ApiServer;
 use serde_json::Value;
 
 mod support;
@@ -755,7 +755,7 @@ async fn field_run(nodes: usize, services: usize, args: &[&str], limit: Duration
     ctl.clear_requests();
     let mut replica = Replica::start(dir.path(), "field", &kubeconfig, args);
     let started = Instant::now();
-    let count_done = |ctl: &ccm_host::apiserver::Controls| {
+    let count_done = |ctl: &kube_apiserver_inmem::Controls| {
         let nodes = ctl
             .list("nodes")
             .iter()

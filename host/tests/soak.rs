@@ -40,7 +40,6 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::{ApiServer, Controls};
 use ccm_host::controllers::node::UNINITIALIZED_TAINT;
 use ccm_host::controllers::service::predicates::EXCLUDE_LB_LABEL;
 use ccm_host::controllers::service::LB_CLEANUP_FINALIZER;
@@ -49,6 +48,7 @@ use ccm_provider_fake::control::{self as fake, CallRecord};
 use ccm_provider_fake::{ErrorSpec, FakeConfig, FakeState, InjectedKind, InstanceConfig};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_apiserver_inmem::{ApiServer, Controls};
 use serde_json::{json, Value};
 use support::{Replica, Rng};
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::ApiServer;
+use kube_apiserver_inmem::ApiServer;
 use serde_json::Value;
 
 mod support;

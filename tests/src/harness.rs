@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::ApiServer;
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
 use ccm_host::metrics::Metrics;
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{Provider, ProviderOptions};
 use ccm_provider_fake::config::FakeConfig;
 use ccm_provider_fake::control::{self, CallRecord, FakeState};
+use kube_apiserver_inmem::ApiServer;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 

@@ -1,7 +1,6 @@
 //! Shared helpers for the integration tests: where cargo put the plugin `.so` files, and plugin
 //! directories assembled from them.
 
-pub mod apiserver_support;
 pub mod harness;
 pub mod metal;
 

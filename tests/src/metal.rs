@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use ccm_host::apiserver::ApiServer;
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
 use ccm_host::metrics::Metrics;
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{HostServices, Provider, ProviderOptions};
+use kube_apiserver_inmem::ApiServer;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;

@@ -27,13 +27,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::RequestRecord;
 use ccm_host::controllers::{node, ControllerConfig};
 use ccm_host::kube_clients::KubeClients;
 use ccm_host::provider::ProviderOptions;
 use ccm_integration_tests::harness::Harness;
 use ccm_provider_fake::config::FakeConfig;
 use k8s_openapi::api::core::v1::Node;
+use kube_apiserver_inmem::RequestRecord;
 use serde_json::{json, Value};
 
 const TAINT: &str = node::UNINITIALIZED_TAINT;

@@ -5,13 +5,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ccm_host::apiserver::{ApiServer, ApiServerOptions};
 use ccm_host::controllers::cache_trim;
 use ccm_host::informer::{cache_key, Change, SharedInformer};
-use ccm_integration_tests::apiserver_support::{obj, wait_until};
+use ccm_integration_tests::harness::eventually_async;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
+use kube_apiserver_inmem::{ApiServer, ApiServerOptions};
 use serde_json::json;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -88,7 +88,10 @@ async fn create(api: &Api<Service>, name: &str, t: &str) {
     let ports = json!([{"port": 80, "protocol": "TCP"}]);
     api.create(
         &PostParams::default(),
-        &obj(json!({"metadata": {"name": name}, "spec": {"type": t, "ports": ports}})),
+        &serde_json::from_value(
+            json!({"metadata": {"name": name}, "spec": {"type": t, "ports": ports}}),
+        )
+        .expect("service literal"),
     )
     .await
     .unwrap_or_else(|e| panic!("create {name}: {e}"));
@@ -224,7 +227,7 @@ async fn a_relist_after_410_sends_the_differences_and_replaces_the_cache() {
 
     // Keep the watch down while more changes than the history window happen, so it resumes
     // from a resourceVersion the server has forgotten (410) and relists.
-    let lists = |ctl: &ccm_host::apiserver::Controls| {
+    let lists = |ctl: &kube_apiserver_inmem::Controls| {
         ctl.requests()
             .iter()
             .filter(|r| r.verb == "list" && r.resource == "services")
@@ -278,12 +281,10 @@ async fn a_relist_after_410_sends_the_differences_and_replaces_the_cache() {
         next_changes(&mut rx, 1).await,
         [deleted("new", "LoadBalancer")]
     );
-    assert!(
-        wait_until(WAIT, || async {
-            cached(&informer) == keys(&["kept", "changed"])
-        })
-        .await
-    );
+    eventually_async("the cache after the relist", WAIT, || async {
+        (cached(&informer) == keys(&["kept", "changed"])).then_some(())
+    })
+    .await;
     stop.cancel();
     server.shutdown().await;
 }

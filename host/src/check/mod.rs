@@ -31,12 +31,12 @@ use ccm_provider_abi::{ErrorKind, ProviderError};
 use clap::Args;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
+use kube_apiserver_inmem::ApiServer;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::apiserver::ApiServer;
 use crate::cli::{OutputFormat, PluginDirArgs};
 use crate::controllers::{ControllerConfig, ControllerContext};
 use crate::metrics::Metrics;

@@ -5,15 +5,17 @@
 //! discovery documents naming them). When `kubectl` is on PATH the same commands also run for
 //! real; the HTTP assertions run either way, so the test cannot pass by skipping.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::Command;
 
-use ccm_host::apiserver::ApiServer;
-use ccm_integration_tests::apiserver_support::obj;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_apiserver_inmem::ApiServer;
 use serde_json::{json, Value};
+use support::obj;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A raw HTTP/1.1 GET; returns (status code, body as JSON).

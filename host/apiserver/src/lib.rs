@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use ccm_host::apiserver::ApiServer;
+//! use kube_apiserver_inmem::ApiServer;
 //! let server = ApiServer::start().await?;
 //! let client = server.client(); // a real kube::Client over HTTP, built from a kubeconfig
 //! server.controls().fail_next(1, "patch", "nodes", 500);

@@ -1,17 +1,19 @@
 //! kube-runtime watchers and reflectors against the in-memory API server: convergence after
 //! dropped watches, after a 410 (history window exceeded), with streaming lists and selectors.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ccm_host::apiserver::{ApiServer, ApiServerOptions};
-use ccm_integration_tests::apiserver_support::{obj, wait_until};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
+use kube_apiserver_inmem::{ApiServer, ApiServerOptions};
 use serde_json::json;
+use support::{obj, wait_until};
 
 fn names(store: &Store<Node>) -> BTreeSet<String> {
     store

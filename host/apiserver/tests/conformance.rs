@@ -1,10 +1,11 @@
-//! Helpers for the in-memory API server tests, and a conformance suite that runs unchanged against
-//! the in-memory server and against a real cluster (`CCM_E2E_KUBECONFIG`).
+//! A conformance suite that runs unchanged against the in-memory API server and, when
+//! `CCM_E2E_KUBECONFIG` names a kubeconfig, against that real cluster too, so the double can be
+//! checked against the real thing.
 //!
 //! Expected objects in the suite are written by hand from the Kubernetes API conventions and the
 //! k8s.io/api patch strategies, never taken from the server's own output.
 
-use std::time::{Duration, Instant};
+mod support;
 
 use anyhow::{anyhow, bail, ensure, Context as _};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -12,45 +13,34 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Service};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::Client;
+use kube_apiserver_inmem::ApiServer;
 use serde_json::{json, Value};
+use support::{api_code, api_reason, obj};
 
-/// Build a typed object from JSON (panics on a malformed literal in a test).
-pub fn obj<T: serde::de::DeserializeOwned>(v: Value) -> T {
-    serde_json::from_value(v).expect("test object literal must decode")
+#[tokio::test]
+async fn in_memory_server_passes_the_conformance_suite() {
+    let server = ApiServer::start().await.expect("start server");
+    conformance_suite(server.client(), &unique_prefix("conf"))
+        .await
+        .expect("conformance suite");
+    server.shutdown().await;
 }
 
-/// Poll `f` until it returns true or `timeout` passes.
-pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if f().await {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The HTTP code of a kube error, if it is an API error.
-pub fn api_code(e: &kube::Error) -> Option<u16> {
-    match e {
-        kube::Error::Api(s) => Some(s.code),
-        _ => None,
-    }
-}
-
-/// The `Status.reason` of a kube error.
-pub fn api_reason(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => s.reason.clone(),
-        other => format!("not an API error: {other}"),
-    }
+#[tokio::test]
+async fn real_cluster_passes_the_conformance_suite() {
+    let Ok(path) = std::env::var("CCM_E2E_KUBECONFIG") else {
+        eprintln!("SKIPPED: set CCM_E2E_KUBECONFIG=/path/to/kubeconfig to run the conformance suite against a real cluster");
+        return;
+    };
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("read CCM_E2E_KUBECONFIG");
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("client config from CCM_E2E_KUBECONFIG");
+    let client = kube::Client::try_from(config).expect("client");
+    conformance_suite(client, &unique_prefix("ccm-e2e"))
+        .await
+        .expect("conformance suite against the real cluster");
 }
 
 fn expect_err<T: std::fmt::Debug>(
@@ -76,7 +66,7 @@ fn to_json<T: serde::Serialize>(v: &T) -> Value {
 }
 
 /// A unique, DNS-safe prefix for objects of one suite run.
-pub fn unique_prefix(base: &str) -> String {
+fn unique_prefix(base: &str) -> String {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros())
@@ -86,7 +76,7 @@ pub fn unique_prefix(base: &str) -> String {
 
 /// CRUD and patch behaviour every API server must show. Creates a namespace named `prefix` and
 /// nodes named `<prefix>-*`, and removes them at the end.
-pub async fn conformance_suite(client: Client, prefix: &str) -> anyhow::Result<()> {
+async fn conformance_suite(client: Client, prefix: &str) -> anyhow::Result<()> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
         .create(

@@ -1,13 +1,15 @@
 //! Test controls of the in-memory API server: request log, write counts, fault injection,
 //! content negotiation, discovery and kubeconfig.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::ApiServer;
-use ccm_integration_tests::apiserver_support::{api_code, api_reason, obj};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_apiserver_inmem::ApiServer;
 use serde_json::json;
+use support::{api_code, api_reason, obj};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn node_api(server: &ApiServer) -> Api<Node> {

@@ -1,12 +1,14 @@
 //! kube-lease-manager against the in-memory API server: acquire, renew, hand over.
 
+mod support;
+
 use std::time::Duration;
 
-use ccm_host::apiserver::ApiServer;
-use ccm_integration_tests::apiserver_support::wait_until;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
+use kube_apiserver_inmem::ApiServer;
 use kube_lease_manager::LeaseManagerBuilder;
+use support::wait_until;
 
 #[tokio::test]
 async fn lease_manager_acquires_renews_and_hands_over() {

@@ -1,13 +1,13 @@
 //! Benchmark of the in-memory API server (ignored by default; prints figures, asserts nothing
 //! about time). Run with:
-//! `cargo test --release -p ccm-integration-tests --test apiserver_bench -- --ignored --nocapture`
+//! `cargo test --release -p kube-apiserver-inmem --test bench -- --ignored --nocapture`
 
 use std::time::{Duration, Instant};
 
-use ccm_host::apiserver::ApiServer;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube_apiserver_inmem::ApiServer;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
