@@ -1,8 +1,11 @@
 //! Metrics of the provider call layer (beyond upstream, which has none for the plugin boundary):
 //! every call counted by method and caller, errors by kind, latency, in-flight calls, timeouts,
-//! panics, coalesced reads and time spent waiting for the cloud-call budget.
+//! panics, coalesced reads, time spent waiting for the cloud-call budget, and throttling (calls
+//! the cloud throttled, the pause they caused and the time calls waited for it).
 
 use prometheus_client::encoding::EncodeLabelSet;
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -66,6 +69,14 @@ pub struct CallMetrics {
     pub coalesced: Family<MethodLabels, Counter>,
     /// `ccm_provider_budget_wait_seconds{caller}`: time spent waiting for the cloud-call budget.
     pub budget_wait: Family<CallerLabels, Histogram, fn() -> Histogram>,
+    /// `ccm_provider_throttled_total{method}`: calls the cloud throttled (ABI 1.1 `THROTTLED`).
+    pub throttled: Family<MethodLabels, Counter>,
+    /// `ccm_provider_throttle_pause_seconds_total`: how long calls to the provider were paused
+    /// because of throttling (each throttled call adds what it extended the pause by).
+    pub throttle_pause: Counter<f64, AtomicU64>,
+    /// `ccm_provider_throttle_wait_seconds{caller}`: time calls waited for a throttling pause
+    /// (observed only for calls that waited).
+    pub throttle_wait: Family<CallerLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for CallMetrics {
@@ -79,6 +90,9 @@ impl Default for CallMetrics {
             panics: Family::default(),
             coalesced: Family::default(),
             budget_wait: Family::new_with_constructor(latency_histogram),
+            throttled: Family::default(),
+            throttle_pause: Counter::default(),
+            throttle_wait: Family::new_with_constructor(latency_histogram),
         }
     }
 }
@@ -131,6 +145,21 @@ impl CallMetrics {
             "ccm_provider_budget_wait_seconds",
             "Time calls waited for the host-wide cloud-call budget (--cloud-api-qps)",
             self.budget_wait.clone(),
+        );
+        registry.register(
+            "ccm_provider_throttled",
+            "Provider calls the cloud throttled (ABI 1.1 THROTTLED), by method",
+            self.throttled.clone(),
+        );
+        registry.register(
+            "ccm_provider_throttle_pause_seconds",
+            "Seconds every call to the provider was paused because the cloud throttled a call",
+            self.throttle_pause.clone(),
+        );
+        registry.register(
+            "ccm_provider_throttle_wait_seconds",
+            "Time calls waited for a throttling pause to end, by calling controller",
+            self.throttle_wait.clone(),
         );
     }
 }

@@ -9,11 +9,13 @@
 //! Beyond upstream, the same path applies a host-wide budget of cloud calls
 //! (`--cloud-api-qps`/`--cloud-api-burst`, shared round-robin between the calling controllers,
 //! see [`crate::rate_limit`]), coalesces identical read calls that are in flight at the same
-//! time (two `InstanceMetadata` calls for one node make one plugin call), and records
+//! time (two `InstanceMetadata` calls for one node make one plugin call), pauses every call to
+//! the provider after the cloud throttled one ([`throttle`]: ABI 1.1 `THROTTLED`), and records
 //! [`CallMetrics`].
 
 mod call_metrics;
 mod host_services;
+pub mod throttle;
 
 use std::any::Any;
 use std::borrow::Borrow;
@@ -39,6 +41,8 @@ use crate::rate_limit::FairLimiter;
 pub use call_metrics::CallMetrics;
 use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels};
 pub use host_services::HostServices;
+use throttle::Throttle;
+pub use throttle::Throttled;
 
 /// Options of the provider call layer.
 #[derive(Debug, Clone)]
@@ -130,6 +134,8 @@ struct Inner {
     /// The platforms (providerID prefixes) this provider owns.
     platforms: Vec<String>,
     budget: Option<FairLimiter>,
+    /// The pause after a throttled call, shared by every caller and method.
+    throttle: Throttle,
     metrics: CallMetrics,
     /// Read calls in flight by `method\0key`.
     in_flight_reads: Mutex<HashMap<String, ReadEntry>>,
@@ -233,6 +239,7 @@ impl Provider {
             cloud,
             budget: (options.cloud_api_qps > 0.0)
                 .then(|| FairLimiter::new(options.cloud_api_qps, options.cloud_api_burst)),
+            throttle: Throttle::default(),
             metrics: CallMetrics::default(),
             in_flight_reads: Mutex::new(HashMap::new()),
         };
@@ -324,14 +331,24 @@ impl Provider {
         }
     }
 
-    /// The single path every provider call takes: budget, blocking pool, deadline,
-    /// cancellation, metrics.
+    /// The end of the throttling pause in effect, if any ([`throttle`]).
+    pub fn throttled_until(&self) -> Option<tokio::time::Instant> {
+        self.inner.throttle.paused_until()
+    }
+
+    /// The single path every provider call takes: throttling pause, budget, blocking pool,
+    /// deadline, cancellation, metrics.
+    ///
+    /// The deadline starts when the plugin is called: waiting for a throttling pause or for the
+    /// budget does not use it up. Dropping the future ends either wait at once.
     pub async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, ProviderError>
     where
         T: Send + 'static,
         F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
     {
         let metrics = &self.inner.metrics;
+        let throttle = &self.inner.throttle;
+        let mut paused = throttle.wait().await;
         if let Some(budget) = &self.inner.budget {
             let waited = budget.acquire(self.caller).await;
             metrics
@@ -340,6 +357,16 @@ impl Provider {
                     caller: self.caller,
                 })
                 .observe(waited.as_secs_f64());
+            // A pause that began while this call waited for its token.
+            paused += throttle.wait().await;
+        }
+        if !paused.is_zero() {
+            metrics
+                .throttle_wait
+                .get_or_create(&CallerLabels {
+                    caller: self.caller,
+                })
+                .observe(paused.as_secs_f64());
         }
         metrics
             .calls
@@ -353,6 +380,7 @@ impl Provider {
         let started = std::time::Instant::now();
 
         let timeout = self.call_timeout.unwrap_or(self.inner.options.call_timeout);
+        let epoch = throttle.epoch();
         let ctx = CallContext::new(Some(timeout));
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
@@ -378,6 +406,13 @@ impl Provider {
             .duration
             .get_or_create(&method)
             .observe(started.elapsed().as_secs_f64());
+        let result = match result {
+            Ok(v) => {
+                throttle.on_success(epoch);
+                Ok(v)
+            }
+            Err(e) => Err(self.throttled(op, epoch, e)),
+        };
         if let Err(e) = &result {
             let kind = e.kind();
             metrics
@@ -394,6 +429,38 @@ impl Provider {
             }
         }
         result
+    }
+
+    /// React to a `THROTTLED` answer: pause every call to the provider ([`throttle`]), count
+    /// it, and return it with the pause in effect as its delay and a message naming the method.
+    /// A 1.0 plugin cannot return `THROTTLED` (the kind did not exist), so from one that code
+    /// reads as `OTHER`, as a 1.0 host reads it. Other errors pass unchanged.
+    fn throttled(&self, op: &'static str, epoch: u64, e: ProviderError) -> ProviderError {
+        let Some(delay) = e.throttle_delay() else {
+            return e;
+        };
+        if self.inner.ext.is_none() {
+            return ProviderError::other(e.message());
+        }
+        let applied = self.inner.throttle.on_throttled(epoch, delay);
+        let metrics = &self.inner.metrics;
+        metrics
+            .throttled
+            .get_or_create(&MethodLabels { method: op })
+            .inc();
+        metrics.throttle_pause.inc_by(applied.added.as_secs_f64());
+        tracing::warn!(
+            op,
+            caller = self.caller,
+            provider = %self.inner.registered_name,
+            asked = ?delay,
+            pause = ?applied.remaining,
+            "cloud provider throttled {op}: {e}; pausing every call to the provider"
+        );
+        ProviderError::throttled(
+            format!("cloud provider throttled {op}: {}", e.message()),
+            Some(applied.remaining),
+        )
     }
 
     /// A read-only call that may be shared: while a call with the same `op` and `key` is in
