@@ -4,12 +4,17 @@
 
 use std::time::Duration;
 
-use ccm_host::controllers::node_lifecycle::{self, get_provider_id, monitor_nodes};
+use ccm_host::controllers::node_lifecycle::{
+    self, get_provider_id, monitor_nodes, NodeDeletionMode, NodeDeletionPolicy, NodeMonitor,
+};
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
+use ccm_host::events::{EventRecorder, EventType};
+use ccm_host::provider::ProviderOptions;
 use ccm_integration_tests::harness::{eventually, Harness};
 use ccm_provider_abi::ErrorKind;
 use ccm_provider_fake::config::FakeConfig;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
 
 const SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
@@ -536,4 +541,550 @@ async fn get_provider_id_cases() {
         e.to_string(),
         "failed to get instance ID from cloud provider: unknown error"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Safe node deletion (issue 18 item 4): only an explicit "does not exist" deletes;
+// --node-deletion-confirmations, --node-deletion-mode, --node-deletion-on-instance-not-found.
+// ---------------------------------------------------------------------------------------------
+
+/// A controller config with `policy`. The monitor period is zero so that a test can step
+/// passes back to back: the "spread over at least one period" rule is then always met (the
+/// rule itself is covered by the unit tests and by
+/// `confirmations_are_spread_over_the_monitor_period`, which runs the real loop).
+fn stepping(policy: NodeDeletionPolicy) -> ControllerConfig {
+    ControllerConfig {
+        node_monitor_period: Duration::ZERO,
+        node_deletion: policy,
+        ..Default::default()
+    }
+}
+
+/// Wait until every event published on `recorder` so far is stored: the recorder writes in
+/// order, so once a sentinel published now is visible, so is everything before it.
+async fn flush_events(h: &Harness, recorder: &EventRecorder) {
+    let marker = format!("sentinel {}", h.metrics.node_deletions.get());
+    recorder.publish(
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some("sentinel".into()),
+            ..Default::default()
+        },
+        EventType::Normal,
+        "Sentinel",
+        marker.clone(),
+    );
+    eventually("events flushed", WAIT, || {
+        events(h)
+            .iter()
+            .any(|e| e["message"] == marker.as_str())
+            .then_some(())
+    })
+    .await;
+}
+
+/// The events of `reason` about node0.
+fn events_of(h: &Harness, reason: &str) -> Vec<Value> {
+    events(h)
+        .into_iter()
+        .filter(|e| e["reason"] == reason && e["involvedObject"]["name"] == "node0")
+        .collect()
+}
+
+fn node_deletes(h: &Harness) -> usize {
+    h.server
+        .controls()
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.verb == "delete")
+        .count()
+}
+
+fn node0_exists(h: &Harness) -> bool {
+    h.server.controls().get("nodes", "", "node0").is_some()
+}
+
+/// The cloud of these tests: node0's instance `fake://12345` is gone, plus `extra` keys.
+fn gone_cloud(extra: Value) -> FakeConfig {
+    let mut c = json!({"providerName": "fake", "autoInstances": false,
+                       "instances": [instance(json!({"exists": false}))]});
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    fake(c)
+}
+
+/// Seed NotReady node0 (provider ID `provider_id`, may be empty), wait until it is cached, and
+/// return its UID.
+async fn seed_not_ready(h: &Harness, ctx: &ControllerContext, provider_id: &str) -> String {
+    let stored = h
+        .server
+        .controls()
+        .seed(node(Some("False"), provider_id, json!([])))
+        .unwrap();
+    assert!(ctx.nodes.wait_synced().await);
+    eventually("node cached", WAIT, || {
+        (!ctx.nodes.list().is_empty()).then_some(())
+    })
+    .await;
+    stored["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+/// Every kind of error from the existence check keeps the node, pass after pass; the same cloud
+/// without the error deletes it on the next pass (so the error is what kept it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_of_every_kind_never_delete() {
+    let kinds = [
+        json!({"kind": "unauthorized", "message": "401 Unauthorized: AuthFailure"}),
+        json!({"kind": "unauthorized", "message": "403 Forbidden: UnauthorizedOperation"}),
+        json!({"kind": "throttled", "retryAfter": "20ms", "message": "RequestLimitExceeded"}),
+        json!({"kind": "cancelled"}),
+        json!({"kind": "other"}),
+        json!({"kind": "not_found"}),
+        json!({"kind": "instance_not_found"}),
+        json!({"kind": "not_implemented"}),
+        json!({"kind": "retry_after", "retryAfter": "1s"}),
+    ];
+    // (provider, node's provider ID, the methods whose error is injected)
+    let paths = [
+        ("fake", "fake://12345", "InstanceExists"),
+        ("fake", "", "InstanceExists"),
+        ("fake-v1", "fake://12345", "InstanceExistsByProviderID"),
+        ("fake-v1", "", "InstanceID"),
+    ];
+    for (provider, provider_id, method) in paths {
+        let mut faults: Vec<(String, Value)> = kinds
+            .iter()
+            // Legacy InstanceID's InstanceNotFound *is* upstream's "does not exist" (see
+            // nodes_shutdown_cases); every other error is not.
+            .filter(|k| !(method == "InstanceID" && k["kind"] == "instance_not_found"))
+            .map(|k| (format!("{k}"), json!({"errors": {method: k}})))
+            .collect();
+        // The call layer's own errors: a panic, and a call past its deadline.
+        faults.push(("panic".into(), json!({"panics": [method]})));
+        faults.push(("deadline".into(), json!({"hang": [method]})));
+        for (what, fault) in faults {
+            eprintln!("case {provider} {method} (provider ID {provider_id:?}): {what}");
+            let h = Harness::start_with(
+                provider,
+                gone_cloud(fault),
+                ProviderOptions {
+                    call_timeout: Duration::from_millis(300),
+                    ..Default::default()
+                },
+            )
+            .await;
+            let ctx = h.context(stepping(NodeDeletionPolicy::default()));
+            let uid = seed_not_ready(&h, &ctx, provider_id).await;
+            let recorder = ctx.recorder(node_lifecycle::COMPONENT);
+            let mut monitor = NodeMonitor::default();
+            for _ in 0..2 {
+                monitor.pass(&ctx, &recorder).await;
+                assert!(node0_exists(&h), "{what}: kept");
+                assert_eq!(monitor.answers(&uid), 0, "{what}: no answer counted");
+            }
+            assert_eq!(
+                h.calls()
+                    .iter()
+                    .filter(|c| c.call == fake_call_name(method))
+                    .count(),
+                2,
+                "{what}: {method} asked once per pass"
+            );
+            assert_eq!(node_deletes(&h), 0, "{what}: no DELETE sent");
+            assert_eq!(h.metrics.node_deletions.get(), 0);
+            flush_events(&h, &recorder).await;
+            for reason in [
+                "DeletingNode",
+                "InstanceDoesNotExist",
+                "NodeDeletionWithheld",
+            ] {
+                assert!(events_of(&h, reason).is_empty(), "{what}: no {reason}");
+            }
+
+            // The same cloud answering: deleted.
+            h.set_control(&gone_cloud(json!({})));
+            monitor.pass(&ctx, &recorder).await;
+            assert!(!node0_exists(&h), "{what}: deleted once the cloud answers");
+            assert_eq!(h.metrics.node_deletions.get(), 1);
+            flush_events(&h, &recorder).await;
+            let deleting = events_of(&h, "DeletingNode");
+            assert_eq!(deleting.len(), 1, "{what}");
+            assert_eq!(deleting[0]["count"], 1, "{what}: one DeletingNode in all");
+        }
+    }
+}
+
+/// The fake's call-log name of an upstream method.
+fn fake_call_name(method: &str) -> &'static str {
+    match method {
+        "InstanceExists" => "instance-exists",
+        "InstanceExistsByProviderID" => "instance-exists-by-provider-id",
+        "InstanceID" => "instance-id",
+        other => panic!("no call name for {other}"),
+    }
+}
+
+/// The upstream default keeps its events and adds the evidence before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_states_its_evidence() {
+    for (provider, provider_id, expected) in [
+        (
+            "fake",
+            "fake://12345",
+            "Instance fake://12345 does not exist in the cloud (InstanceExists returned false); deleting node node0",
+        ),
+        (
+            "fake-v1",
+            "fake://12345",
+            "Instance fake://12345 does not exist in the cloud (InstanceExistsByProviderID returned false); deleting node node0",
+        ),
+    ] {
+        let h = Harness::start(provider, gone_cloud(json!({}))).await;
+        let ctx = h.context(stepping(NodeDeletionPolicy::default()));
+        seed_not_ready(&h, &ctx, provider_id).await;
+        let recorder = ctx.recorder(node_lifecycle::COMPONENT);
+        NodeMonitor::default().pass(&ctx, &recorder).await;
+        assert!(!node0_exists(&h));
+        flush_events(&h, &recorder).await;
+        let evidence = events_of(&h, "InstanceDoesNotExist");
+        assert_eq!(evidence.len(), 1, "{provider}");
+        assert_eq!(evidence[0]["type"], "Normal");
+        assert_eq!(evidence[0]["message"], expected);
+        assert_eq!(
+            evidence[0]["source"]["component"],
+            "cloud-node-lifecycle-controller"
+        );
+        let deleting = events_of(&h, "DeletingNode");
+        assert_eq!(
+            deleting[0]["message"],
+            "Deleting node node0 because it does not exist in the cloud provider"
+        );
+        // The evidence comes first.
+        let order: Vec<_> = events(&h)
+            .into_iter()
+            .filter(|e| e["involvedObject"]["name"] == "node0")
+            .map(|e| e["reason"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(order, ["InstanceDoesNotExist", "DeletingNode"], "{provider}");
+    }
+    // Legacy interface, no provider ID: InstanceID's InstanceNotFound is the answer (upstream).
+    let h = Harness::start(
+        "fake-v1",
+        fake(json!({"providerName": "fake", "autoInstances": false})),
+    )
+    .await;
+    let ctx = h.context(stepping(NodeDeletionPolicy::default()));
+    seed_not_ready(&h, &ctx, "").await;
+    let recorder = ctx.recorder(node_lifecycle::COMPONENT);
+    NodeMonitor::default().pass(&ctx, &recorder).await;
+    assert!(!node0_exists(&h));
+    flush_events(&h, &recorder).await;
+    assert_eq!(
+        events_of(&h, "InstanceDoesNotExist")[0]["message"],
+        "The instance of node node0 (no provider ID) does not exist in the cloud \
+         (InstanceID returned InstanceNotFound); deleting node node0"
+    );
+}
+
+/// --node-deletion-confirmations=3: three answers in a row; an error or an "exists" in between
+/// starts the count again, and so does the node being Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_confirmations_in_a_row_and_a_reset_on_any_other_answer() {
+    for provider in ["fake", "fake-v1"] {
+        let h = Harness::start(provider, gone_cloud(json!({}))).await;
+        let ctx = h.context(stepping(NodeDeletionPolicy {
+            confirmations: 3,
+            ..Default::default()
+        }));
+        let uid = seed_not_ready(&h, &ctx, "fake://12345").await;
+        let recorder = ctx.recorder(node_lifecycle::COMPONENT);
+        let mut monitor = NodeMonitor::default();
+        let gone = gone_cloud(json!({}));
+        let failing = gone_cloud(json!({"errors": {"*": {"kind": "unauthorized"}}}));
+        let exists = fake(json!({"providerName": "fake", "autoInstances": false,
+                                 "instances": [instance(json!({}))]}));
+        // (cloud, answers in a row after the pass)
+        let steps = [
+            (&gone, 1),
+            (&gone, 2),
+            (&failing, 0),
+            (&gone, 1),
+            (&gone, 2),
+            (&exists, 0),
+            (&gone, 1),
+            (&gone, 2),
+        ];
+        for (i, (cloud, answers)) in steps.into_iter().enumerate() {
+            h.set_control(cloud);
+            monitor.pass(&ctx, &recorder).await;
+            assert!(node0_exists(&h), "{provider} step {i}: kept");
+            assert_eq!(monitor.answers(&uid), answers, "{provider} step {i}");
+        }
+        // Ready in between also starts again.
+        let api: Api<Node> = Api::all(h.client.clone());
+        let ready =
+            |status: &str| json!({"status": {"conditions": [{"type": "Ready", "status": status}]}});
+        api.patch_status(
+            "node0",
+            &PatchParams::default(),
+            &Patch::Merge(ready("True")),
+        )
+        .await
+        .unwrap();
+        eventually("Ready cached", WAIT, || {
+            ctx.nodes
+                .list()
+                .iter()
+                .any(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .then_some(())
+        })
+        .await;
+        monitor.pass(&ctx, &recorder).await;
+        assert_eq!(monitor.answers(&uid), 0, "{provider}: Ready forgets");
+        api.patch_status(
+            "node0",
+            &PatchParams::default(),
+            &Patch::Merge(ready("False")),
+        )
+        .await
+        .unwrap();
+        eventually("NotReady cached", WAIT, || {
+            ctx.nodes
+                .list()
+                .iter()
+                .all(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| {
+                            c.iter().any(|c| c.type_ == "Ready" && c.status == "False")
+                        })
+                })
+                .then_some(())
+        })
+        .await;
+        for answers in [1, 2] {
+            monitor.pass(&ctx, &recorder).await;
+            assert_eq!(monitor.answers(&uid), answers, "{provider}");
+        }
+        assert!(node0_exists(&h));
+        assert_eq!(
+            node_deletes(&h),
+            0,
+            "{provider}: no DELETE before the third"
+        );
+        flush_events(&h, &recorder).await;
+        assert!(events_of(&h, "InstanceDoesNotExist").is_empty());
+        assert!(events_of(&h, "DeletingNode").is_empty());
+
+        monitor.pass(&ctx, &recorder).await;
+        assert!(
+            !node0_exists(&h),
+            "{provider}: the third answer in a row deletes"
+        );
+        assert_eq!(h.metrics.node_deletions.get(), 1);
+        flush_events(&h, &recorder).await;
+        let evidence = events_of(&h, "InstanceDoesNotExist");
+        assert_eq!(evidence.len(), 1, "{provider}");
+        let msg = evidence[0]["message"].as_str().unwrap();
+        let method = if provider == "fake" {
+            "InstanceExists"
+        } else {
+            "InstanceExistsByProviderID"
+        };
+        let prefix = format!(
+            "Instance fake://12345 does not exist in the cloud ({method} returned false; 3 answers in a row over "
+        );
+        assert!(msg.starts_with(&prefix), "{msg}");
+        assert!(msg.ends_with("); deleting node node0"), "{msg}");
+        assert_eq!(events_of(&h, "DeletingNode").len(), 1);
+    }
+}
+
+/// The real loop: three answers in a row take at least two periods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmations_are_spread_over_the_monitor_period() {
+    let period = Duration::from_millis(300);
+    let h = Harness::start("fake", gone_cloud(json!({}))).await;
+    let ctx = h.context(ControllerConfig {
+        node_monitor_period: period,
+        node_deletion: NodeDeletionPolicy {
+            confirmations: 3,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    seed_not_ready(&h, &ctx, "fake://12345").await;
+    let task = tokio::spawn(node_lifecycle::run(ctx));
+    eventually("node deleted", WAIT, || (!node0_exists(&h)).then_some(())).await;
+    let exists_calls: Vec<_> = h
+        .calls()
+        .into_iter()
+        .filter(|c| c.call == "instance-exists")
+        .collect();
+    assert_eq!(exists_calls.len(), 3, "deleted on the third answer");
+    let first_to_last = exists_calls[2].at_ms - exists_calls[0].at_ms;
+    assert!(
+        u128::from(first_to_last) >= 2 * period.as_millis(),
+        "answers {first_to_last} ms apart"
+    );
+    let evidence = eventually("evidence event", WAIT, || {
+        events_of(&h, "InstanceDoesNotExist").into_iter().next()
+    })
+    .await;
+    let msg = evidence["message"].as_str().unwrap();
+    assert!(
+        msg.contains("(InstanceExists returned false; 3 answers in a row over "),
+        "{msg}"
+    );
+    let text = ccm_host::metrics::render(&h.registry);
+    assert!(text.contains("\nccm_node_deletions_total 1\n"), "{text}");
+    assert!(
+        text.contains("\nccm_node_deletions_withheld_total 0\n"),
+        "{text}"
+    );
+    h.stop.cancel();
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("stops on cancel")
+        .unwrap();
+}
+
+/// --node-deletion-mode=report: a Warning event and the metric, once per run of answers; the
+/// node stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_mode_keeps_the_node_with_an_event_and_a_metric() {
+    let h = Harness::start("fake", gone_cloud(json!({}))).await;
+    let ctx = h.context(stepping(NodeDeletionPolicy {
+        confirmations: 2,
+        mode: NodeDeletionMode::Report,
+        ..Default::default()
+    }));
+    let uid = seed_not_ready(&h, &ctx, "fake://12345").await;
+    let before = h.server.controls().get("nodes", "", "node0").unwrap();
+    let recorder = ctx.recorder(node_lifecycle::COMPONENT);
+    let mut monitor = NodeMonitor::default();
+    let withheld = || h.metrics.node_deletions_withheld.get();
+    monitor.pass(&ctx, &recorder).await;
+    assert_eq!(withheld(), 0, "one answer of two");
+    for _ in 0..3 {
+        monitor.pass(&ctx, &recorder).await;
+        assert_eq!(withheld(), 1, "counted once per run");
+    }
+    assert_eq!(monitor.answers(&uid), 4);
+    assert_eq!(
+        h.server.controls().get("nodes", "", "node0").as_ref(),
+        Some(&before),
+        "node kept as it was"
+    );
+    assert_eq!(node_writes(&h), 0, "no write to the node");
+    assert_eq!(h.metrics.node_deletions.get(), 0);
+    flush_events(&h, &recorder).await;
+    let ev = events_of(&h, "NodeDeletionWithheld");
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0]["count"], 1);
+    assert_eq!(ev[0]["type"], "Warning");
+    let msg = ev[0]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(
+            "Instance fake://12345 does not exist in the cloud (InstanceExists returned false; 2 answers in a row over "
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.ends_with("; not deleting node node0 (--node-deletion-mode=report)"),
+        "{msg}"
+    );
+    assert_eq!(ev[0]["involvedObject"]["uid"], before["metadata"]["uid"]);
+    for reason in ["DeletingNode", "InstanceDoesNotExist"] {
+        assert!(events_of(&h, reason).is_empty(), "no {reason}");
+    }
+    let text = ccm_host::metrics::render(&h.registry);
+    assert!(
+        text.contains("\nccm_node_deletions_withheld_total 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("\nccm_node_deletions_total 0\n"), "{text}");
+
+    // The instance comes back, then goes again: a new run, reported again.
+    h.set_control(&fake(
+        json!({"providerName": "fake", "autoInstances": false,
+                                "instances": [instance(json!({}))]}),
+    ));
+    monitor.pass(&ctx, &recorder).await;
+    assert_eq!(monitor.answers(&uid), 0);
+    h.set_control(&gone_cloud(json!({})));
+    monitor.pass(&ctx, &recorder).await;
+    monitor.pass(&ctx, &recorder).await;
+    assert_eq!(withheld(), 2);
+    assert!(node0_exists(&h));
+    assert_eq!(node_deletes(&h), 0);
+}
+
+/// --node-deletion-on-instance-not-found: an InstancesV2 InstanceExists failing with
+/// InstanceNotFound deletes; without it (upstream) the node is kept. The legacy interface's
+/// InstanceExistsByProviderID is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_not_found_counts_as_gone_only_when_asked() {
+    let not_found = |method: &str| {
+        fake(json!({"providerName": "fake", "autoInstances": false,
+                    "instances": [instance(json!({}))],
+                    "errors": {method: {"kind": "instance_not_found"}}}))
+    };
+    let opt_in = NodeDeletionPolicy {
+        on_instance_not_found: true,
+        ..Default::default()
+    };
+    for (provider, method, policy, deleted) in [
+        (
+            "fake",
+            "InstanceExists",
+            NodeDeletionPolicy::default(),
+            false,
+        ),
+        ("fake", "InstanceExists", opt_in.clone(), true),
+        (
+            "fake-v1",
+            "InstanceExistsByProviderID",
+            opt_in.clone(),
+            false,
+        ),
+    ] {
+        let case = format!("{provider} {method} {policy:?}");
+        let h = Harness::start(provider, not_found(method)).await;
+        let ctx = h.context(stepping(policy));
+        seed_not_ready(&h, &ctx, "fake://12345").await;
+        let recorder = ctx.recorder(node_lifecycle::COMPONENT);
+        let mut monitor = NodeMonitor::default();
+        for _ in 0..3 {
+            monitor.pass(&ctx, &recorder).await;
+        }
+        flush_events(&h, &recorder).await;
+        if deleted {
+            assert!(!node0_exists(&h), "{case}");
+            assert_eq!(h.metrics.node_deletions.get(), 1, "{case}");
+            assert_eq!(
+                events_of(&h, "InstanceDoesNotExist")[0]["message"],
+                "Instance fake://12345 does not exist in the cloud (InstanceExists failed with \
+                 InstanceNotFound (instance not found), counted as does not exist by \
+                 --node-deletion-on-instance-not-found); deleting node node0",
+                "{case}"
+            );
+            assert_eq!(events_of(&h, "DeletingNode").len(), 1, "{case}");
+        } else {
+            assert!(node0_exists(&h), "{case}: kept forever");
+            assert_eq!(node_deletes(&h), 0, "{case}");
+            assert!(
+                events(&h).iter().all(|e| e["reason"] == "Sentinel"),
+                "{case}"
+            );
+        }
+    }
 }
