@@ -11,6 +11,10 @@
 //! cancelled. Controllers read Nodes and Services from the shared informers (one watch each,
 //! trimmed by [`cache_trim`]), call the provider only through [`crate::provider::Provider`], and write through
 //! [`crate::patches`] and [`crate::events`].
+//!
+//! A provider call the cloud throttled ([`crate::provider::throttle`]) is not a failure of the
+//! object being synced: each controller retries it after the pause without growing its per-item
+//! back-off, and publishes a Warning event ([`publish_throttled`]) on the Node or Service.
 
 pub mod cache_trim;
 pub mod node;
@@ -22,15 +26,16 @@ pub mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use kube::runtime::watcher;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventRecorder;
+use crate::events::{EventRecorder, EventType};
 use crate::informer::SharedInformer;
 use crate::metrics::Metrics;
-use crate::provider::Provider;
+use crate::provider::throttle::THROTTLED_EVENT_REASON;
+use crate::provider::{Provider, Throttled};
 
 /// Settings of the controllers (the controller flags of `ccm-host run`).
 #[derive(Debug, Clone)]
@@ -155,3 +160,35 @@ impl ControllerContext {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct NotStarted(pub String);
+
+/// Publish the Warning event of a throttled provider call on `object` (reason
+/// `CloudProviderThrottled`, the message names the method and the pause) and log it.
+pub(crate) fn publish_throttled(
+    recorder: &EventRecorder,
+    object: ObjectReference,
+    throttled: &Throttled,
+) {
+    let message = throttled.event_message();
+    tracing::info!(
+        component = recorder.component(),
+        kind = object.kind.as_deref().unwrap_or_default(),
+        name = object.name.as_deref().unwrap_or_default(),
+        "{message}"
+    );
+    recorder.publish(object, EventType::Warning, THROTTLED_EVENT_REASON, message);
+}
+
+/// [`publish_throttled`] when `e` is a throttled call (true); nothing otherwise (false).
+pub(crate) fn publish_if_throttled(
+    recorder: &EventRecorder,
+    object: ObjectReference,
+    e: &ccm_provider_abi::ProviderError,
+) -> bool {
+    match Throttled::of(e) {
+        Some(throttled) => {
+            publish_throttled(recorder, object, &throttled);
+            true
+        }
+        None => false,
+    }
+}

@@ -9,6 +9,9 @@
 //! `Nodes` work queue; `concurrent_node_syncs` workers run [`NodeController::sync_node`]. Failed
 //! syncs are re-queued with upstream's default controller rate limiter: per-node exponential
 //! backoff 5ms → 1000s combined (max of both) with an overall 10 qps / burst 100 token bucket.
+//! A sync the cloud throttled (beyond upstream: ABI 1.1 `THROTTLED`) is re-queued after the
+//! provider's pause instead, without counting a failure, and the node gets a
+//! `CloudProviderThrottled` Warning event (also from the address loop).
 //!
 //! Deliberate differences from upstream (docs/upstream-compat.md#node-controller, with the
 //! reasons), each marked in the code:
@@ -38,11 +41,11 @@ use super::node_addresses::{
     addresses_changed, apply_node_ip, desired_addresses, is_reserved_label_key,
     label_reconciliation,
 };
-use super::{ControllerContext, NotStarted};
+use super::{publish_throttled, ControllerContext, NotStarted};
 use crate::events::{node_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
-use crate::provider::Provider;
+use crate::provider::{Provider, Throttled};
 use crate::workqueue::WorkQueue;
 
 /// Canonical controller name.
@@ -261,6 +264,69 @@ pub(crate) fn kube_error_text(e: &kube::Error) -> String {
     }
 }
 
+/// Why a node sync (or an address refresh) failed: upstream's error text, and the pause when
+/// the failing provider call was throttled by the cloud.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSyncError {
+    /// The error text (upstream's wording).
+    pub message: String,
+    /// Set when a provider call was throttled: the node is retried after the pause.
+    pub throttled: Option<Throttled>,
+}
+
+impl NodeSyncError {
+    /// A provider error as is (its text, and whether it was throttled).
+    fn provider(e: &ProviderError) -> Self {
+        Self {
+            message: e.to_string(),
+            throttled: Throttled::of(e),
+        }
+    }
+
+    /// `message`, throttled when `e` was.
+    fn from_provider(message: String, e: &ProviderError) -> Self {
+        Self {
+            message,
+            throttled: Throttled::of(e),
+        }
+    }
+
+    /// Prefix the message, keeping the throttling.
+    fn context(self, context: impl std::fmt::Display) -> Self {
+        Self {
+            message: format!("{context}: {}", self.message),
+            ..self
+        }
+    }
+}
+
+impl From<String> for NodeSyncError {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            throttled: None,
+        }
+    }
+}
+
+impl From<&str> for NodeSyncError {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
+impl std::fmt::Display for NodeSyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The first error of a by-provider-ID / by-name pair was throttled: the fallback is not tried
+/// (it would only wait for the same pause); the sync is retried after it.
+fn throttled_first(e: &ProviderError) -> bool {
+    e.kind() == ErrorKind::THROTTLED
+}
+
 /// Upstream `GetInstanceProviderID`: `<ProviderName()>://<InstanceID(node)>`. `NotImplemented`
 /// and `InstanceNotFound` are returned unchanged (callers test the kind); other errors are
 /// wrapped as "failed to get instance ID from cloud provider: …". An empty instance ID yields
@@ -294,19 +360,30 @@ pub async fn get_instance_metadata(
     provider: &Provider,
     node: &Node,
 ) -> Result<Option<InstanceMetadata>, String> {
+    instance_metadata(provider, node)
+        .await
+        .map_err(|e| e.message)
+}
+
+/// [`get_instance_metadata`], telling a throttled call apart.
+async fn instance_metadata(
+    provider: &Provider,
+    node: &Node,
+) -> Result<Option<InstanceMetadata>, NodeSyncError> {
     let name = name_of(node);
     let caps = provider.capabilities();
     if caps.instances_v2 {
         let md = provider
             .instance_metadata(node)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| NodeSyncError::provider(&e))?;
         return match md {
             Some(mut md) if md.provider_id.is_empty() => {
                 if provider_id_of(node).is_empty() {
                     return Err(format!(
                         "cloud provider does not set node provider ID for node {name}"
-                    ));
+                    )
+                    .into());
                 }
                 md.provider_id = provider_id_of(node).to_string();
                 Ok(Some(md))
@@ -325,16 +402,17 @@ pub async fn get_instance_metadata(
             Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => {
                 tracing::warn!(controller = NAME, node = name, "cloud provider does not implement InstanceID; initialising without a provider ID");
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(NodeSyncError::provider(&e)),
         }
     }
     let node_addresses = addresses_by_provider_id_or_name(provider, &provider_id, name).await?;
     let instance_type = match provider.instance_type_by_provider_id(&provider_id).await {
         Ok(t) => t,
+        Err(by_id) if throttled_first(&by_id) => return Err(NodeSyncError::provider(&by_id)),
         Err(by_id) => provider.instance_type(name).await.map_err(|by_name| {
-            format!(
+            NodeSyncError::from_provider(format!(
                 "InstanceType: Error fetching by providerID: {by_id} Error fetching by NodeName: {by_name}"
-            )
+            ), &by_name)
         })?,
     };
     let mut md = InstanceMetadata {
@@ -346,10 +424,14 @@ pub async fn get_instance_metadata(
     if caps.zones {
         let zone = match provider.get_zone_by_provider_id(&provider_id).await {
             Ok(z) => z,
+            Err(by_id) if throttled_first(&by_id) => {
+                return Err(NodeSyncError::provider(&by_id)
+                    .context("failed to get zone from cloud provider"))
+            }
             Err(by_id) => provider.get_zone_by_node_name(name).await.map_err(|by_name| {
-                format!(
+                NodeSyncError::from_provider(format!(
                     "failed to get zone from cloud provider: Zone: Error fetching by providerID: {by_id} Error fetching by NodeName: {by_name}"
-                )
+                ), &by_name)
             })?,
         };
         if !zone.failure_domain.is_empty() {
@@ -368,12 +450,16 @@ async fn addresses_by_provider_id_or_name(
     provider: &Provider,
     provider_id: &str,
     name: &str,
-) -> Result<Vec<NodeAddress>, String> {
+) -> Result<Vec<NodeAddress>, NodeSyncError> {
     match provider.node_addresses_by_provider_id(provider_id).await {
         Ok(a) => Ok(a),
+        Err(by_id) if throttled_first(&by_id) => Err(NodeSyncError::provider(&by_id)),
         Err(by_id) => provider.node_addresses(name).await.map_err(|by_name| {
-            format!(
-                "error fetching node by provider ID: {by_id}, and error by node name: {by_name}"
+            NodeSyncError::from_provider(
+                format!(
+                    "error fetching node by provider ID: {by_id}, and error by node name: {by_name}"
+                ),
+                &by_name,
             )
         }),
     }
@@ -496,10 +582,21 @@ impl NodeController {
         }
     }
 
-    /// Sync one key and requeue it on failure, as upstream's `processNextWorkItem`.
+    /// Sync one key and requeue it on failure, as upstream's `processNextWorkItem`. A throttled
+    /// sync is re-queued after the provider's pause with its failure count unchanged (not
+    /// forgotten, not rate-limited).
     async fn process(&self, name: &String) {
-        match self.sync_node(name).await {
+        match self.try_sync_node(name).await {
             Ok(()) => self.queue.forget(name),
+            Err(NodeSyncError {
+                throttled: Some(throttled),
+                ..
+            }) => {
+                if let Some(node) = self.ctx.nodes.store().get(name) {
+                    publish_throttled(&self.recorder, node_ref(&node), &throttled);
+                }
+                self.queue.add_after(name.clone(), throttled.pause);
+            }
             Err(e) => {
                 let overall = self
                     .bucket
@@ -515,15 +612,20 @@ impl NodeController {
     /// Upstream `syncNode`: initialise a tainted node, or reconcile the labels of an
     /// initialised one. A node missing from the cache is done.
     pub async fn sync_node(&self, name: &str) -> Result<(), String> {
+        self.try_sync_node(name).await.map_err(|e| e.message)
+    }
+
+    /// [`NodeController::sync_node`], telling a throttled provider call apart.
+    pub async fn try_sync_node(&self, name: &str) -> Result<(), NodeSyncError> {
         let Some(cur) = self.ctx.nodes.store().get(name) else {
             return Ok(());
         };
         if !has_cloud_taint(&cur) {
-            return self.reconcile_labels(&cur).await;
+            return Ok(self.reconcile_labels(&cur).await?);
         }
-        let md = get_instance_metadata(&self.ctx.provider, &cur)
+        let md = instance_metadata(&self.ctx.provider, &cur)
             .await
-            .map_err(|e| format!("failed to get instance metadata for node {name}: {e}"))?;
+            .map_err(|e| e.context(format!("failed to get instance metadata for node {name}")))?;
         let Some(md) = md else {
             // Kept as upstream (docs/upstream-compat.md#upstream-sharp-edges): the node stays tainted and is retried only when a
             // later event re-enqueues it (the provider said it cannot describe it yet).
@@ -684,14 +786,14 @@ impl NodeController {
     async fn instance_node_addresses(
         &self,
         node: &Node,
-    ) -> Result<Option<InstanceMetadata>, String> {
+    ) -> Result<Option<InstanceMetadata>, NodeSyncError> {
         let provider = &self.ctx.provider;
         let caps = provider.capabilities();
         if caps.instances_v2 {
             return provider
                 .instance_metadata(node)
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| NodeSyncError::provider(&e));
         }
         if !caps.instances {
             return Err("failed to get instances from cloud provider".into());
@@ -731,6 +833,12 @@ impl NodeController {
                             "cloud provided nil metadata; addresses not updated"
                         )
                     }
+                    // Throttled: the node's addresses are refreshed by the next pass, whose calls
+                    // wait for the pause.
+                    Err(NodeSyncError {
+                        throttled: Some(throttled),
+                        ..
+                    }) => publish_throttled(&self.recorder, node_ref(&node), &throttled),
                     Err(e) => {
                         tracing::error!(
                             controller = NAME,

@@ -33,7 +33,7 @@ use kube::api::DeleteParams;
 use kube::Api;
 
 use super::node::{get_instance_provider_id, kube_error_text};
-use super::{ControllerContext, NotStarted};
+use super::{publish_if_throttled, ControllerContext, NotStarted};
 use crate::events::{node_ref, EventRecorder, EventType};
 use crate::patches::{add_node_taint, remove_node_taint};
 use crate::provider::Provider;
@@ -409,8 +409,11 @@ impl NodeMonitor {
             match instance_existence(&ctx.provider, &node, &ctx.config.node_deletion).await {
                 Existence::Exists => self.forget_with_reason(&key, &name, "instance exists"),
                 Existence::Unknown(e) => {
-                    // Never a deletion, whatever the kind of error.
-                    tracing::error!(controller = NAME, node = %name, kind = e.kind().name(), "error checking if node {name} exists: {e}");
+                    // Never a deletion, whatever the kind of error. Throttled: a Warning event;
+                    // the next pass's calls wait for the provider's pause.
+                    if !publish_if_throttled(recorder, node_ref(&node), &e) {
+                        tracing::error!(controller = NAME, node = %name, kind = e.kind().name(), "error checking if node {name} exists: {e}");
+                    }
                     self.forget_with_reason(&key, &name, "no answer from the cloud");
                     continue;
                 }
@@ -428,6 +431,7 @@ impl NodeMonitor {
                 }
                 // Not shut down: the taint is only removed once the node is Ready again.
                 Ok(false) => {}
+                Err(e) if publish_if_throttled(recorder, node_ref(&node), &e) => {}
                 Err(e) => {
                     tracing::error!(controller = NAME, node = %name, "error checking if node {name} is shutdown: {e}");
                 }

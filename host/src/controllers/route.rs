@@ -10,6 +10,11 @@
 //! Deliberate difference from upstream (docs/upstream-compat.md#route-controller): an empty or
 //! invalid `--cluster-cidr` while routes are enabled is a clear start-up error naming the flag
 //! and how to turn routes off, instead of a crash.
+//!
+//! Beyond upstream: a `CreateRoute` the cloud throttled (ABI 1.1 `THROTTLED`) gives the node a
+//! `CloudProviderThrottled` Warning event instead of `FailedToCreateRoute`. There is no per-item
+//! back-off to spare: the next reconcile (at most one period later) creates the route, its calls
+//! waiting for the provider's pause.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -23,10 +28,11 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{broadcast, Semaphore};
 
-use super::{ControllerContext, NotStarted};
+use super::{publish_throttled, ControllerContext, NotStarted};
 use crate::events::{node_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::patch_node_condition;
+use crate::provider::Throttled;
 
 /// Canonical controller name.
 pub const NAME: &str = "node-route-controller";
@@ -124,8 +130,13 @@ pub async fn run(ctx: ControllerContext, cluster_cidrs: Vec<IpNet>) {
             }
             pending = false;
             last_start = Some(Instant::now());
-            if let Err(e) = reconcile(&ctx, &recorder, &cluster_cidrs).await {
-                tracing::error!(controller = NAME, "route reconciliation failed: {e}");
+            match reconcile(&ctx, &recorder, &cluster_cidrs).await {
+                Ok(()) => {}
+                // Retried by the next reconcile, whose calls wait for the pause.
+                Err(e) if Throttled::of(&e).is_some() => {
+                    tracing::warn!(controller = NAME, "route reconciliation throttled: {e}");
+                }
+                Err(e) => tracing::error!(controller = NAME, "route reconciliation failed: {e}"),
             }
             continue;
         }
@@ -324,6 +335,10 @@ pub async fn reconcile(
                         (route.target_node, index, true)
                     }
                     Err(e) => {
+                        if let Some(throttled) = Throttled::of(&e) {
+                            publish_throttled(&recorder, node_ref(&node), &throttled);
+                            return (route.target_node, index, false);
+                        }
                         let msg = format!(
                             "Could not create route {uid} {} for node {} after {}: {e}",
                             route.destination_cidr,

@@ -14,6 +14,10 @@
 //!   number of changes coalesce into one full node sync with the same outcome: see "Deliberate
 //!   differences".) A provider `RetryAfter` error re-adds the service after exactly
 //!   that delay without counting a failure.
+//! - Beyond upstream: a provider call the cloud throttled (ABI 1.1 `THROTTLED`) re-adds the
+//!   service after the provider's pause without counting a failure, and the service gets a
+//!   `CloudProviderThrottled` Warning event instead of `SyncLoadBalancerFailed`,
+//!   `DeleteLoadBalancerFailed` or `UpdateLoadBalancerFailed`.
 //! - Node sync lists nodes fresh for each service, stores the host set as last-synced before the
 //!   cloud call, and retries failures through a full EnsureLoadBalancer on the service queue.
 //! - Events (component `service-controller`) with upstream reasons and messages.
@@ -57,10 +61,11 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 
 use super::node::kube_error_text;
-use super::{ControllerContext, NotStarted};
+use super::{publish_throttled, ControllerContext, NotStarted};
 use crate::events::{service_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_not_found, patch_service_status};
+use crate::provider::Throttled;
 use crate::workqueue::WorkQueue;
 
 use predicates::{
@@ -108,6 +113,7 @@ pub async fn run(ctx: ControllerContext) {
 pub struct SyncError {
     message: String,
     retry_after: Option<Duration>,
+    throttled: Option<Throttled>,
 }
 
 impl SyncError {
@@ -115,21 +121,43 @@ impl SyncError {
         Self {
             message: message.into(),
             retry_after: None,
+            throttled: None,
         }
     }
 
     /// A provider error returned as is (upstream returns it unwrapped, so a `RetryError` stays
     /// detectable).
     fn provider(e: &ProviderError) -> Self {
+        Self::wrapping(e.to_string(), e)
+    }
+
+    /// `message` about provider error `e`, keeping a `RetryError`'s delay and the throttling
+    /// detectable (upstream wraps with `%w`).
+    fn wrapping(message: String, e: &ProviderError) -> Self {
         Self {
-            message: e.to_string(),
+            message,
             retry_after: e.retry_after_delay(),
+            throttled: Throttled::of(e),
+        }
+    }
+
+    /// `message` about provider error `e` (a `RetryError` not kept, as upstream formats these
+    /// with `%v`), keeping the throttling detectable.
+    fn mentioning(message: String, e: &ProviderError) -> Self {
+        Self {
+            throttled: Throttled::of(e),
+            ..Self::new(message)
         }
     }
 
     /// The delay a provider `RetryAfter` error asked for, if this error wraps one.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
+    }
+
+    /// The throttled provider call, if this error wraps one.
+    pub fn throttled(&self) -> Option<&Throttled> {
+        self.throttled.as_ref()
     }
 }
 
@@ -150,6 +178,8 @@ pub enum Requeue {
     RateLimited,
     /// Provider `RetryAfter`: re-added after exactly this delay (no failure counted).
     After(Duration),
+    /// A provider call was throttled: re-added after the provider's pause (no failure counted).
+    Throttled(Duration),
 }
 
 /// Which branch a sync took.
@@ -402,8 +432,18 @@ impl ServiceController {
                 Requeue::Forgotten
             }
             Err(e) => {
-                match e.retry_after() {
-                    Some(after) => {
+                match (e.throttled(), e.retry_after()) {
+                    // Not the service's failure: after the provider's pause, back-off unchanged.
+                    (Some(throttled), _) => {
+                        let pause = throttled.pause;
+                        tracing::info!(
+                            controller = NAME,
+                            "error processing service {key} (throttled; retrying after {pause:?}): {e}"
+                        );
+                        self.service_queue.add_after(key.clone(), pause);
+                        Requeue::Throttled(pause)
+                    }
+                    (None, Some(after)) => {
                         tracing::warn!(
                             controller = NAME,
                             "error processing service {key} (retrying in {after:?}): {e}"
@@ -411,7 +451,7 @@ impl ServiceController {
                         self.service_queue.add_after(key.clone(), after);
                         Requeue::After(after)
                     }
-                    None => {
+                    (None, None) => {
                         tracing::error!(controller = NAME, "error processing service {key} (retrying with exponential backoff): {e}");
                         self.service_queue.add_rate_limited(key.clone());
                         Requeue::RateLimited
@@ -499,12 +539,15 @@ impl ServiceController {
             .ensure_load_balancer_deleted(self.cluster(), svc)
             .await
         {
-            self.event(
-                svc,
-                EventType::Warning,
-                "DeleteLoadBalancerFailed",
-                format!("Error deleting load balancer: {e}"),
-            );
+            match Throttled::of(&e) {
+                Some(t) => publish_throttled(&self.recorder, service_ref(svc), &t),
+                None => self.event(
+                    svc,
+                    EventType::Warning,
+                    "DeleteLoadBalancerFailed",
+                    format!("Error deleting load balancer: {e}"),
+                ),
+            }
             return Err(SyncError::provider(&e));
         }
         self.event(
@@ -531,12 +574,15 @@ impl ServiceController {
         lock(&self.cache).insert(key.to_string(), Arc::new(svc.clone()));
         match self.sync_load_balancer_if_needed(&svc, key).await {
             Err(e) => {
-                self.event(
-                    &svc,
-                    EventType::Warning,
-                    "SyncLoadBalancerFailed",
-                    format!("Error syncing load balancer: {e}"),
-                );
+                match e.throttled() {
+                    Some(t) => publish_throttled(&self.recorder, service_ref(&svc), t),
+                    None => self.event(
+                        &svc,
+                        EventType::Warning,
+                        "SyncLoadBalancerFailed",
+                        format!("Error syncing load balancer: {e}"),
+                    ),
+                }
                 Err(e)
             }
             Ok(Op::Delete) => {
@@ -565,9 +611,10 @@ impl ServiceController {
                 .get_load_balancer(self.cluster(), svc)
                 .await
                 .map_err(|e| {
-                    SyncError::new(format!(
-                        "failed to check if load balancer exists before cleanup: {e}"
-                    ))
+                    SyncError::mentioning(
+                        format!("failed to check if load balancer exists before cleanup: {e}"),
+                        &e,
+                    )
                 })?
                 .is_some();
             if exists {
@@ -592,9 +639,10 @@ impl ServiceController {
                         tracing::debug!(controller = NAME, "load balancer of {key} is implemented elsewhere; ignoring the deletion error");
                     }
                     Err(e) => {
-                        return Err(SyncError::new(format!(
-                            "failed to delete load balancer: {e}"
-                        )))
+                        return Err(SyncError::mentioning(
+                            format!("failed to delete load balancer: {e}"),
+                            &e,
+                        ))
                     }
                 }
             }
@@ -643,11 +691,10 @@ impl ServiceController {
                     return Ok(Op::Ensure);
                 }
                 Err(e) => {
-                    // Keeps a RetryAfter detectable (upstream wraps with %w).
-                    return Err(SyncError {
-                        message: format!("failed to ensure load balancer: {e}"),
-                        retry_after: e.retry_after_delay(),
-                    });
+                    return Err(SyncError::wrapping(
+                        format!("failed to ensure load balancer: {e}"),
+                        &e,
+                    ));
                 }
             };
             self.event(
@@ -801,6 +848,9 @@ impl ServiceController {
             node_sync::NodeSyncPlan::Update(hosts) => {
                 match self.update_load_balancer_hosts(svc, &hosts).await {
                     Ok(()) => false,
+                    // Not a node-sync error: the service queue retries it, and its call waits
+                    // for the pause.
+                    Err(e) if e.kind() == ErrorKind::THROTTLED => true,
                     Err(e) => {
                         tracing::error!(
                             controller = NAME,
@@ -860,7 +910,14 @@ impl ServiceController {
                 return Ok(());
             }
             Err(e) if e.kind() == ErrorKind::IMPLEMENTED_ELSEWHERE => return Ok(()),
-            Err(e) => e,
+            Err(e) => {
+                if let Some(t) = Throttled::of(&e) {
+                    // No existence check: it would only wait for the same pause.
+                    publish_throttled(&self.recorder, service_ref(svc), &t);
+                    return Err(e);
+                }
+                e
+            }
         };
         // It is only an error if the load balancer still exists.
         match self
