@@ -4,10 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use crate::plugin::{LoaderOptions, PluginRegistry};
+use crate::args::{OutputFormat, PluginDirArgs};
+use crate::plugin::PluginRegistry;
 use crate::provider::{Capabilities, ProviderOptions};
 
 /// Kubernetes cloud-controller-manager that loads cloud providers from plugins.
@@ -452,32 +453,6 @@ pub fn one_line_error(rendered: &str) -> String {
     line
 }
 
-/// Where plugins come from (shared by every command that loads them).
-#[derive(Debug, Clone, Args)]
-pub struct PluginDirArgs {
-    /// Directory of provider plugin `.so` files (repeatable; every `*.so` is loaded, sorted).
-    #[arg(
-        long = "plugin-dir",
-        env = "CCM_PLUGIN_DIR",
-        value_delimiter = ':',
-        required = true
-    )]
-    pub plugin_dirs: Vec<PathBuf>,
-    /// Load plugin files or directories writable by group/others or owned by another user.
-    #[arg(long)]
-    pub allow_insecure_plugins: bool,
-}
-
-impl PluginDirArgs {
-    /// Loader options for these arguments at the given host log level.
-    pub fn loader_options(&self, max_log_level: u8) -> LoaderOptions {
-        LoaderOptions {
-            allow_insecure: self.allow_insecure_plugins,
-            max_log_level,
-        }
-    }
-}
-
 /// `ccm-host plugins`.
 #[derive(Debug, Args)]
 pub struct PluginsArgs {
@@ -486,15 +461,6 @@ pub struct PluginsArgs {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
-}
-
-/// Output format of listings.
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum OutputFormat {
-    /// A table.
-    Text,
-    /// JSON.
-    Json,
 }
 
 #[derive(Debug, Serialize)]

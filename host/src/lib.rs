@@ -4,6 +4,7 @@
 //! - [`provider`]: the selected provider as typed async calls with deadlines.
 //! - [`cli`]: the command line.
 
+pub mod args;
 pub mod check;
 pub mod cli;
 pub mod controllers;

@@ -321,11 +321,11 @@ fn plugins_command_lists_providers_capabilities_and_refusals() {
     let dir = PluginDir::new().with(libs::FAKE, "fake.so");
     dir.write("junk.so", b"junk");
     let args = ccm_host::cli::PluginsArgs {
-        plugins: ccm_host::cli::PluginDirArgs {
+        plugins: ccm_host::args::PluginDirArgs {
             plugin_dirs: vec![dir.path().to_path_buf()],
             allow_insecure_plugins: false,
         },
-        output: ccm_host::cli::OutputFormat::Json,
+        output: ccm_host::args::OutputFormat::Json,
     };
     let mut out = Vec::new();
     let code = ccm_host::cli::plugins(&args, 2, &mut out).unwrap();

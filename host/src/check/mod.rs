@@ -37,7 +37,7 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{OutputFormat, PluginDirArgs};
+use crate::args::{OutputFormat, PluginDirArgs};
 use crate::controllers::{ControllerConfig, ControllerContext};
 use crate::metrics::Metrics;
 use crate::plugin::PluginRegistry;

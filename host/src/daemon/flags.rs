@@ -12,7 +12,7 @@ use clap::{ArgAction, Args};
 
 use super::selection::ControllerSelection;
 use super::upstream_flags::{parse_go_bool, FeatureGates, UpstreamArgs};
-use crate::cli::PluginDirArgs;
+use crate::args::PluginDirArgs;
 use crate::controllers::node_lifecycle::{
     NodeDeletionMode, NodeDeletionPolicy, DEFAULT_DELETION_CONFIRMATIONS, DEFAULT_DELETION_MODE,
     DEFAULT_DELETION_ON_INSTANCE_NOT_FOUND,
