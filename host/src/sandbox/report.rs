@@ -474,8 +474,13 @@ pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Rep
     }
 }
 
-/// Print rows as an aligned table (two spaces between columns).
+/// Rows a text table shows before "… and N more" (`-o json` has every row).
+const LISTED_ROWS: usize = 50;
+
+/// Print rows as an aligned table (two spaces between columns), the first [`LISTED_ROWS`] of
+/// them.
 fn table(out: &mut dyn Write, headers: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let (rows, more) = rows.split_at(rows.len().min(LISTED_ROWS));
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -496,6 +501,9 @@ fn table(out: &mut dyn Write, headers: &[&str], rows: &[Vec<String>]) -> io::Res
     line(out, headers.to_vec())?;
     for row in rows {
         line(out, row.iter().map(String::as_str).collect())?;
+    }
+    if !more.is_empty() {
+        writeln!(out, "  … and {} more (-o json lists every row)", more.len())?;
     }
     Ok(())
 }
@@ -650,16 +658,27 @@ impl Report {
         }
         let seeded: std::collections::BTreeSet<&str> =
             self.nodes.iter().map(|n| n.name.as_str()).collect();
-        for r in &self.cloud.routes {
-            if !seeded.contains(r.target_node.as_str()) || r.blackhole {
-                writeln!(
-                    out,
-                    "  route {} -> {}{}",
-                    r.destination_cidr,
-                    r.target_node,
-                    if r.blackhole { " (blackhole)" } else { "" }
-                )?;
-            }
+        let odd_routes: Vec<&CloudRoute> = self
+            .cloud
+            .routes
+            .iter()
+            .filter(|r| !seeded.contains(r.target_node.as_str()) || r.blackhole)
+            .collect();
+        for r in odd_routes.iter().take(LISTED_ROWS) {
+            writeln!(
+                out,
+                "  route {} -> {}{}",
+                r.destination_cidr,
+                r.target_node,
+                if r.blackhole { " (blackhole)" } else { "" }
+            )?;
+        }
+        if odd_routes.len() > LISTED_ROWS {
+            writeln!(
+                out,
+                "  … and {} more (-o json lists every route)",
+                odd_routes.len() - LISTED_ROWS
+            )?;
         }
         if !self.events.is_empty() {
             let objects: u64 = self.events.iter().map(|e| e.objects).sum();
@@ -701,5 +720,27 @@ impl Report {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_tables_stop_after_the_listed_rows() {
+        let rows: Vec<Vec<String>> = (0..LISTED_ROWS + 10)
+            .map(|i| vec![format!("node-{i:03}"), "yes".into()])
+            .collect();
+        let mut out = Vec::new();
+        table(&mut out, &["NAME", "OK"], &rows).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 1 + LISTED_ROWS + 1, "{text}");
+        assert!(text.contains(&format!("node-{:03}", LISTED_ROWS - 1)));
+        assert!(!text.contains(&format!("node-{LISTED_ROWS:03}")));
+        assert!(
+            text.ends_with("  … and 10 more (-o json lists every row)\n"),
+            "{text}"
+        );
     }
 }
