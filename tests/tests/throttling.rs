@@ -432,3 +432,88 @@ async fn a_throttled_instance_exists_keeps_the_node_and_the_next_pass_waits() {
          call to the cloud provider is paused for 1s, then retried"
     );
 }
+
+fn bare_node(name: &str) -> k8s_openapi::api::core::v1::Node {
+    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+}
+
+/// The largest number of recorded calls named `call` inside any window of `window_ms`.
+fn max_in_window(calls: &[CallRecord], call: &str, window_ms: u64) -> usize {
+    let mut times: Vec<u64> = calls
+        .iter()
+        .filter(|c| c.call == call)
+        .map(|c| c.at_ms)
+        .collect();
+    times.sort_unstable();
+    let (mut best, mut start) = (0, 0);
+    for end in 0..times.len() {
+        while times[end] - times[start] >= window_ms {
+            start += 1;
+        }
+        best = best.max(end - start + 1);
+    }
+    best
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_waiting_for_the_pause_keep_their_deadline_and_cancellation_then_take_the_budget() {
+    // A 300 ms call deadline, a 2 s pause, then 5 calls/s (burst 1).
+    let options = ccm_host::provider::ProviderOptions {
+        call_timeout: Duration::from_millis(300),
+        cloud_api_qps: 5.0,
+        cloud_api_burst: 1,
+    };
+    let h = Harness::start_with(
+        "fake",
+        fake(json!({"errors": {"InstanceExists": {
+            "kind": "throttled", "retryAfter": "2s", "message": "Rate exceeded", "times": 1,
+        }}})),
+        options,
+    )
+    .await;
+    let p = h.provider.for_caller("a");
+    let e = p.instance_exists(&bare_node("n0")).await.unwrap_err();
+    assert_eq!(e.kind(), ccm_provider_abi::ErrorKind::THROTTLED);
+    assert_eq!(
+        e.to_string(),
+        "cloud provider throttled InstanceExists: Rate exceeded"
+    );
+    assert_eq!(e.throttle_delay(), Some(Some(Duration::from_secs(2))));
+    assert!(p.throttled_until().is_some());
+
+    // A caller that gives up while waiting never reaches the plugin.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        p.instance_shutdown(&bare_node("given-up")),
+    )
+    .await;
+    assert!(gave_up.is_err(), "still paused after 50 ms: {gave_up:?}");
+
+    // Waiting longer than the call deadline is not a timeout: the deadline starts at the plugin.
+    let (a, b) = (h.provider.for_caller("a"), h.provider.for_caller("b"));
+    let results = futures::future::join_all((0..12).map(|i| {
+        let p = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move { p.instance_exists(&bare_node(&format!("n{i}"))).await }
+    }))
+    .await;
+    for r in &results {
+        assert_eq!(r.as_ref().ok(), Some(&true), "{results:?}");
+    }
+
+    let calls = h.calls();
+    assert!(
+        !calls.iter().any(|c| c.call == "instance-shutdown"),
+        "the abandoned call reached the plugin: {calls:#?}"
+    );
+    let throttled = first(&calls, "instance-exists");
+    assert_nothing_during_pause(&calls, &throttled, Duration::from_secs(2));
+    // After the pause the waiting calls took their turn: at most burst + qps (+1 for a window
+    // edge) in any second.
+    let peak = max_in_window(&calls, "instance-exists", 1000);
+    assert!(peak <= 7, "{peak} calls in one second after the pause");
+    let text = provider_metrics(&h);
+    assert!(
+        !text.contains("ccm_provider_call_timeouts_total{"),
+        "no call timed out: {text}"
+    );
+}
