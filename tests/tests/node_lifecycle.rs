@@ -2,6 +2,7 @@
 //! `.so` (docs/upstream-compat.md#node-lifecycle-controller, with the cases of upstream's
 //! `controllers/nodelifecycle/node_lifecycle_controller_test.go`), V1 (`fake-v1`) and V2 (`fake`) variants.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ccm_host::controllers::node_lifecycle::{
@@ -563,7 +564,8 @@ fn stepping(policy: NodeDeletionPolicy) -> ControllerConfig {
 /// Wait until every event published on `recorder` so far is stored: the recorder writes in
 /// order, so once a sentinel published now is visible, so is everything before it.
 async fn flush_events(h: &Harness, recorder: &EventRecorder) {
-    let marker = format!("sentinel {}", h.metrics.node_deletions.get());
+    static SENTINELS: AtomicUsize = AtomicUsize::new(0);
+    let marker = format!("sentinel {}", SENTINELS.fetch_add(1, Ordering::Relaxed));
     recorder.publish(
         ObjectReference {
             api_version: Some("v1".into()),
@@ -944,6 +946,12 @@ async fn confirmations_are_spread_over_the_monitor_period() {
         msg.contains("(InstanceExists returned false; 3 answers in a row over "),
         "{msg}"
     );
+    // Counted once the API server answered the DELETE (the node may vanish from the store a
+    // moment before the controller has the answer).
+    eventually("deletion counted", WAIT, || {
+        (h.metrics.node_deletions.get() == 1).then_some(())
+    })
+    .await;
     let text = ccm_host::metrics::render(&h.registry);
     assert!(text.contains("\nccm_node_deletions_total 1\n"), "{text}");
     assert!(
