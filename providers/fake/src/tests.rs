@@ -951,5 +951,9 @@ fn documented_example_config_parses() {
     let config = FakeConfig::parse(&doc.as_bytes()[start..end]).expect("documented example parses");
     assert_eq!(config.instances[0].name, "node-a");
     assert_eq!(config.routes.len(), 1);
-    assert_eq!(config.errors.len(), 3);
+    assert_eq!(config.errors.len(), 4);
+    assert_eq!(
+        config.errors["InstanceMetadata"].kind,
+        crate::config::InjectedKind::Throttled
+    );
 }
