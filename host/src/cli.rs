@@ -456,6 +456,7 @@ pub fn one_line_error(rendered: &str) -> String {
 /// `ccm-host plugins`.
 #[derive(Debug, Args)]
 pub struct PluginsArgs {
+    /// Where the plugins come from.
     #[command(flatten)]
     pub plugins: PluginDirArgs,
     /// Output format.

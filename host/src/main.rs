@@ -1,3 +1,6 @@
+//! The `ccm-host` binary: parses the command line (`ccm_host::cli`), sets up logging and runs the
+//! command.
+
 use std::io::IsTerminal;
 use std::process::ExitCode;
 

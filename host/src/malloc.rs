@@ -28,6 +28,7 @@ pub const MMAP_THRESHOLD: i32 = 128 * 1024;
 
 /// What [`tune`] set: (arenas, mmap threshold), `None` where the environment had a setting
 /// or the C library is not glibc.
+#[allow(unsafe_code)] // mallopt
 pub fn tune() -> (Option<i32>, Option<i32>) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -69,6 +70,7 @@ pub fn tune() -> (Option<i32>, Option<i32>) {
 /// without a trim the pages they used stay resident, partly reused, until the next such call
 /// grows the heap around them. A trim walks the free lists once (about a millisecond per
 /// hundred megabytes of heap) and is rare next to cloud calls. A no-op on other C libraries.
+#[allow(unsafe_code)] // malloc_trim
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory to the system; it is thread-safe.

@@ -200,6 +200,7 @@ impl Drop for Host {
     /// SIGKILL if it is still there after 30 s.
     fn drop(&mut self) {
         // SAFETY: kill(2) on our own child's pid.
+        #[allow(unsafe_code)]
         unsafe {
             libc::kill(self.0.id() as i32, libc::SIGTERM);
         }
@@ -347,6 +348,7 @@ async fn bench_memory() {
         .count();
 
     // Idle window.
+    #[allow(unsafe_code)]
     let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let cpu0 = cpu_ticks(pid);
     let t0 = Instant::now();

@@ -116,6 +116,7 @@ impl Replica {
 
     fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid.
+        #[allow(unsafe_code)]
         unsafe {
             libc::kill(self.child.id() as i32, sig);
         }

@@ -176,6 +176,7 @@ impl Running {
 
     fn interrupt(&self) {
         // SAFETY: kill(2) on our own child's pid.
+        #[allow(unsafe_code)]
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGINT);
         }
@@ -1044,6 +1045,7 @@ fn interrupt_before_convergence_exits_130_with_the_summary() {
         "{seen:#?}"
     );
     // SAFETY: kill(2) on our own child's pid.
+    #[allow(unsafe_code)]
     unsafe {
         libc::kill(child.id() as i32, libc::SIGINT);
     }

@@ -236,6 +236,7 @@ impl Fleet {
             r.poll();
             if r.alive() {
                 // SAFETY: kill(2) on our own child's pid.
+                #[allow(unsafe_code)]
                 unsafe {
                     libc::kill(r.child.id() as i32, libc::SIGTERM);
                 }

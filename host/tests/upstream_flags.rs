@@ -103,6 +103,7 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(50));
         }
         // SAFETY: kill(2) on our own child's pid.
+        #[allow(unsafe_code)]
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
@@ -315,6 +316,7 @@ fn stderr_on_a_terminal(mut cmd: Command) -> String {
     use std::os::unix::fs::OpenOptionsExt;
     // SAFETY: plain pty calls on a descriptor this function owns; `ptsname_r` writes at most
     // `name.len()` bytes.
+    #[allow(unsafe_code)]
     let (master, slave) = unsafe {
         let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
         assert!(fd >= 0, "posix_openpt");

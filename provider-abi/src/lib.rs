@@ -42,9 +42,14 @@
 //! so a plugin built against 1.1 loads in a 1.0 host (as a 1.0 plugin) and in a 1.1 host (with
 //! its 1.1 additions).
 
+// abi_stable's derives (StableAbi, sabi_trait) generate `unsafe impl`s, unsafe blocks, impls
+// inside functions and `*_Ref` type names in the modules that use them; the rest of the crate
+// has no unsafe code.
+#[allow(unsafe_code, non_local_definitions, non_camel_case_types)]
 pub mod abi;
 pub mod context;
 pub mod error;
+#[allow(unsafe_code, non_local_definitions, non_camel_case_types)]
 pub mod ext;
 pub mod sdk;
 pub mod types;

@@ -55,6 +55,7 @@ pub const EXIT_USAGE: i32 = 2;
 /// `ccm-host check` arguments.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
+    /// Where the plugins come from.
     #[command(flatten)]
     pub plugins: PluginDirArgs,
     /// The provider to check: a name registered by a plugin in --plugin-dir.

@@ -22,6 +22,7 @@ use crate::controllers::ControllerConfig;
 /// Flags of `ccm-host run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    /// Where the plugins come from.
     #[command(flatten)]
     pub plugins: PluginDirArgs,
 

@@ -64,6 +64,7 @@ pub(super) fn plugin_files(
     Ok(files)
 }
 
+#[allow(unsafe_code)] // geteuid
 fn ownership_problem(meta: &fs::Metadata) -> Option<String> {
     let mode = meta.permissions().mode();
     if mode & 0o022 != 0 {
@@ -84,6 +85,7 @@ fn ownership_problem(meta: &fs::Metadata) -> Option<String> {
 }
 
 /// Load and register one plugin; `Err` is the one-line reason it was refused.
+#[allow(unsafe_code)] // dlopen and reading the plugin's exported symbols
 pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, String> {
     let meta = fs::metadata(path).map_err(|e| format!("cannot read the file: {e}"))?;
     if !meta.is_file() {

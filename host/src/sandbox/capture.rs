@@ -38,6 +38,7 @@ pub struct StderrTee {
 impl StderrTee {
     /// Start teeing fd 2. Fails (and changes nothing) when fd 2 is not open or no pipe can be
     /// made.
+    #[allow(unsafe_code)] // pipe2, fcntl and dup2 on raw file descriptors
     pub fn start() -> io::Result<StderrTee> {
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two new file descriptors into `fds` on success.
@@ -87,6 +88,7 @@ impl StderrTee {
 
     /// Point fd 2 back at the original stderr and wait until everything written before has been
     /// copied there.
+    #[allow(unsafe_code)] // dup2 on raw file descriptors
     pub fn stop(&mut self) {
         if let Some(saved) = self.saved.take() {
             // SAFETY: `saved` is open; dup2 closes fd 2 (the pipe's last writer) atomically.

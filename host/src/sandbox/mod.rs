@@ -1255,6 +1255,7 @@ impl Display {
 }
 
 /// `text` cut to the width of the terminal `fd` (unchanged when it is unknown).
+#[allow(unsafe_code)] // ioctl(TIOCGWINSZ)
 fn fit_terminal(text: &str, fd: std::os::fd::RawFd) -> String {
     // SAFETY: TIOCGWINSZ fills the winsize struct we pass; an fd that is not a terminal fails.
     let width = unsafe {
