@@ -1,0 +1,396 @@
+//! The EC2 calls: instances, availability zones, subnets, route tables and routes.
+
+use std::collections::BTreeMap;
+
+use roxmltree::Node;
+
+use super::xml::{boolean, child, list, number, string, tags};
+use super::{parse, AwsClient, AwsError, Params};
+
+/// Values per filter in one DescribeInstances call (AWS allows 200; the AWS CCM uses 150).
+pub const FILTER_VALUES_PER_CALL: usize = 150;
+
+/// One network interface of an instance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Interface {
+    /// `attachment.deviceIndex`.
+    pub device_index: Option<u32>,
+    /// `in-use`, `available`, ...
+    pub status: String,
+    /// Private IPv4 addresses, primary first.
+    pub private_ips: Vec<String>,
+    /// IPv6 addresses.
+    pub ipv6: Vec<String>,
+}
+
+/// The parts of an EC2 instance a CCM uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Instance {
+    /// `i-...`.
+    pub id: String,
+    /// `pending`, `running`, `stopping`, `stopped`, `shutting-down`, `terminated`.
+    pub state: String,
+    /// e.g. `m5.large`.
+    pub instance_type: String,
+    /// Availability zone.
+    pub zone: String,
+    /// `privateDnsName`.
+    pub private_dns: Option<String>,
+    /// `dnsName` (public).
+    pub public_dns: Option<String>,
+    /// `privateIpAddress`.
+    pub private_ip: Option<String>,
+    /// `ipAddress` (public).
+    pub public_ip: Option<String>,
+    /// VPC.
+    pub vpc_id: Option<String>,
+    /// Subnet.
+    pub subnet_id: Option<String>,
+    /// Network interfaces.
+    pub interfaces: Vec<Interface>,
+    /// Tags.
+    pub tags: BTreeMap<String, String>,
+}
+
+fn parse_instance(n: Node<'_, '_>) -> Instance {
+    let placement = child(n, "placement");
+    Instance {
+        id: string(n, "instanceId").unwrap_or_default(),
+        state: child(n, "instanceState")
+            .and_then(|s| string(s, "name"))
+            .unwrap_or_default(),
+        instance_type: string(n, "instanceType").unwrap_or_default(),
+        zone: placement
+            .and_then(|p| string(p, "availabilityZone"))
+            .unwrap_or_default(),
+        private_dns: string(n, "privateDnsName"),
+        public_dns: string(n, "dnsName"),
+        private_ip: string(n, "privateIpAddress"),
+        public_ip: string(n, "ipAddress"),
+        vpc_id: string(n, "vpcId"),
+        subnet_id: string(n, "subnetId"),
+        interfaces: list(n, "networkInterfaceSet")
+            .map(|i| Interface {
+                device_index: child(i, "attachment").and_then(|a| number(a, "deviceIndex")),
+                status: string(i, "status").unwrap_or_default(),
+                private_ips: {
+                    let mut ips: Vec<(bool, String)> = list(i, "privateIpAddressesSet")
+                        .filter_map(|a| {
+                            Some((
+                                boolean(a, "primary").unwrap_or(false),
+                                string(a, "privateIpAddress")?,
+                            ))
+                        })
+                        .collect();
+                    if ips.is_empty() {
+                        ips.extend(string(i, "privateIpAddress").map(|ip| (true, ip)));
+                    }
+                    // Primary first, the rest in the order given.
+                    ips.sort_by_key(|(primary, _)| !*primary);
+                    ips.into_iter().map(|(_, ip)| ip).collect()
+                },
+                ipv6: list(i, "ipv6AddressesSet")
+                    .filter_map(|a| string(a, "ipv6Address"))
+                    .collect(),
+            })
+            .collect(),
+        tags: tags(n, "tagSet"),
+    }
+}
+
+/// An availability zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AvailabilityZone {
+    /// `us-east-1a`.
+    pub name: String,
+    /// `use1-az6`.
+    pub id: String,
+    /// `availability-zone`, `local-zone`, `wavelength-zone`.
+    pub zone_type: String,
+}
+
+/// A subnet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subnet {
+    /// `subnet-...`.
+    pub id: String,
+    /// VPC.
+    pub vpc_id: String,
+    /// Availability zone.
+    pub zone: String,
+    /// IPv4 CIDR.
+    pub cidr: String,
+    /// Tags.
+    pub tags: BTreeMap<String, String>,
+}
+
+/// One route of a route table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteEntry {
+    /// IPv4 or IPv6 destination.
+    pub destination: String,
+    /// The destination is IPv6.
+    pub ipv6: bool,
+    /// Target instance.
+    pub instance_id: Option<String>,
+    /// Target gateway (`local`, `igw-...`).
+    pub gateway_id: Option<String>,
+    /// `active` or `blackhole`.
+    pub state: String,
+}
+
+/// A route table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTable {
+    /// `rtb-...`.
+    pub id: String,
+    /// VPC.
+    pub vpc_id: String,
+    /// Routes.
+    pub routes: Vec<RouteEntry>,
+    /// Subnets associated explicitly.
+    pub subnets: Vec<String>,
+    /// The VPC's main table.
+    pub main: bool,
+    /// Tags.
+    pub tags: BTreeMap<String, String>,
+}
+
+fn parse_route_table(n: Node<'_, '_>) -> RouteTable {
+    let assoc: Vec<Node<'_, '_>> = list(n, "associationSet").collect();
+    RouteTable {
+        id: string(n, "routeTableId").unwrap_or_default(),
+        vpc_id: string(n, "vpcId").unwrap_or_default(),
+        routes: list(n, "routeSet")
+            .filter_map(|r| {
+                let (destination, ipv6) = match string(r, "destinationCidrBlock") {
+                    Some(d) => (d, false),
+                    None => (string(r, "destinationIpv6CidrBlock")?, true),
+                };
+                Some(RouteEntry {
+                    destination,
+                    ipv6,
+                    instance_id: string(r, "instanceId"),
+                    gateway_id: string(r, "gatewayId"),
+                    state: string(r, "state").unwrap_or_else(|| "active".into()),
+                })
+            })
+            .collect(),
+        subnets: assoc
+            .iter()
+            .filter_map(|a| string(*a, "subnetId"))
+            .collect(),
+        main: assoc.iter().any(|a| boolean(*a, "main") == Some(true)),
+        tags: tags(n, "tagSet"),
+    }
+}
+
+const EC2: &str = "ec2";
+
+impl AwsClient {
+    async fn ec2_call(&self, action: &str, params: &Params) -> Result<String, AwsError> {
+        let endpoint = self.ec2.clone();
+        self.call(&endpoint, action, params).await
+    }
+
+    /// DescribeInstances with filters, every page. Instances whose ID, private DNS name, ...
+    /// match none of the values are simply absent (no error, unlike `InstanceId.N`).
+    pub async fn describe_instances(
+        &self,
+        filters: &[(&str, &[String])],
+    ) -> Result<Vec<Instance>, AwsError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut p = Params::new();
+            p.ec2_filters(filters).set("MaxResults", "1000");
+            if let Some(t) = &token {
+                p.set("NextToken", t.as_str());
+            }
+            let body = self.ec2_call("DescribeInstances", &p).await?;
+            let doc = parse(EC2, "DescribeInstances", &body)?;
+            let root = doc.root_element();
+            for r in list(root, "reservationSet") {
+                out.extend(list(r, "instancesSet").map(parse_instance));
+            }
+            token = string(root, "nextToken");
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// DescribeAvailabilityZones (every zone of the region).
+    pub async fn describe_availability_zones(&self) -> Result<Vec<AvailabilityZone>, AwsError> {
+        let mut p = Params::new();
+        p.set("AllAvailabilityZones", "true");
+        let body = self.ec2_call("DescribeAvailabilityZones", &p).await?;
+        let doc = parse(EC2, "DescribeAvailabilityZones", &body)?;
+        Ok(list(doc.root_element(), "availabilityZoneInfo")
+            .filter_map(|z| {
+                Some(AvailabilityZone {
+                    name: string(z, "zoneName")?,
+                    id: string(z, "zoneId").unwrap_or_default(),
+                    zone_type: string(z, "zoneType").unwrap_or_else(|| "availability-zone".into()),
+                })
+            })
+            .collect())
+    }
+
+    /// DescribeSubnets with filters.
+    pub async fn describe_subnets(
+        &self,
+        filters: &[(&str, &[String])],
+    ) -> Result<Vec<Subnet>, AwsError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut p = Params::new();
+            p.ec2_filters(filters);
+            if let Some(t) = &token {
+                p.set("NextToken", t.as_str());
+            }
+            let body = self.ec2_call("DescribeSubnets", &p).await?;
+            let doc = parse(EC2, "DescribeSubnets", &body)?;
+            let root = doc.root_element();
+            out.extend(list(root, "subnetSet").filter_map(|s| {
+                Some(Subnet {
+                    id: string(s, "subnetId")?,
+                    vpc_id: string(s, "vpcId").unwrap_or_default(),
+                    zone: string(s, "availabilityZone").unwrap_or_default(),
+                    cidr: string(s, "cidrBlock").unwrap_or_default(),
+                    tags: tags(s, "tagSet"),
+                })
+            }));
+            token = string(root, "nextToken");
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// DescribeRouteTables with filters.
+    pub async fn describe_route_tables(
+        &self,
+        filters: &[(&str, &[String])],
+    ) -> Result<Vec<RouteTable>, AwsError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut p = Params::new();
+            p.ec2_filters(filters);
+            if let Some(t) = &token {
+                p.set("NextToken", t.as_str());
+            }
+            let body = self.ec2_call("DescribeRouteTables", &p).await?;
+            let doc = parse(EC2, "DescribeRouteTables", &body)?;
+            let root = doc.root_element();
+            out.extend(list(root, "routeTableSet").map(parse_route_table));
+            token = string(root, "nextToken");
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// CreateRoute `destination` → `instance_id` in `table`.
+    pub async fn create_route(
+        &self,
+        table: &str,
+        destination: &str,
+        ipv6: bool,
+        instance_id: &str,
+    ) -> Result<(), AwsError> {
+        let mut p = Params::new();
+        p.set("RouteTableId", table)
+            .set(
+                if ipv6 {
+                    "DestinationIpv6CidrBlock"
+                } else {
+                    "DestinationCidrBlock"
+                },
+                destination,
+            )
+            .set("InstanceId", instance_id);
+        self.ec2_call("CreateRoute", &p).await.map(drop)
+    }
+
+    /// DeleteRoute `destination` from `table`.
+    pub async fn delete_route(
+        &self,
+        table: &str,
+        destination: &str,
+        ipv6: bool,
+    ) -> Result<(), AwsError> {
+        let mut p = Params::new();
+        p.set("RouteTableId", table).set(
+            if ipv6 {
+                "DestinationIpv6CidrBlock"
+            } else {
+                "DestinationCidrBlock"
+            },
+            destination,
+        );
+        self.ec2_call("DeleteRoute", &p).await.map(drop)
+    }
+
+    /// ModifyInstanceAttribute `SourceDestCheck` (routed pod traffic needs it off).
+    pub async fn set_source_dest_check(
+        &self,
+        instance_id: &str,
+        enabled: bool,
+    ) -> Result<(), AwsError> {
+        let mut p = Params::new();
+        p.set("InstanceId", instance_id).set(
+            "SourceDestCheck.Value",
+            if enabled { "true" } else { "false" },
+        );
+        self.ec2_call("ModifyInstanceAttribute", &p).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_parses_with_its_interfaces() {
+        let xml = r#"<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15"><reservationSet><item><instancesSet><item>
+<networkInterfaceSet><item><attachment><deviceIndex>1</deviceIndex></attachment><privateIpAddressesSet><item><primary>false</primary><privateIpAddress>10.0.2.9</privateIpAddress></item><item><primary>true</primary><privateIpAddress>10.0.2.8</privateIpAddress></item></privateIpAddressesSet><ipv6AddressesSet><item><ipv6Address>2600::1</ipv6Address></item></ipv6AddressesSet><status>in-use</status></item>
+<item><attachment><deviceIndex>0</deviceIndex></attachment><privateIpAddress>10.0.1.4</privateIpAddress><status>in-use</status></item></networkInterfaceSet>
+<tagSet><item><key>Name</key><value>n1</value></item></tagSet>
+<instanceId>i-1</instanceId><instanceState><code>16</code><name>running</name></instanceState><privateDnsName>ip-10-0-1-4.ec2.internal</privateDnsName><dnsName/>
+<instanceType>m5.large</instanceType><placement><availabilityZone>us-east-1a</availabilityZone></placement><privateIpAddress>10.0.1.4</privateIpAddress><ipAddress>54.1.2.3</ipAddress>
+</item></instancesSet></item></reservationSet></DescribeInstancesResponse>"#;
+        let doc = roxmltree::Document::parse(xml).unwrap();
+        let r = list(doc.root_element(), "reservationSet").next().unwrap();
+        let i = parse_instance(list(r, "instancesSet").next().unwrap());
+        assert_eq!(i.id, "i-1");
+        assert_eq!(i.state, "running");
+        assert_eq!(i.zone, "us-east-1a");
+        assert_eq!(i.public_dns, None);
+        assert_eq!(i.public_ip.as_deref(), Some("54.1.2.3"));
+        assert_eq!(i.interfaces.len(), 2);
+        assert_eq!(i.interfaces[0].private_ips, vec!["10.0.2.8", "10.0.2.9"]);
+        assert_eq!(i.interfaces[0].ipv6, vec!["2600::1"]);
+        assert_eq!(i.interfaces[1].private_ips, vec!["10.0.1.4"]);
+        assert_eq!(i.tags["Name"], "n1");
+    }
+
+    #[test]
+    fn a_route_table_parses() {
+        let xml = r#"<R><routeTableSet><item><routeTableId>rtb-1</routeTableId><vpcId>vpc-1</vpcId>
+<routeSet><item><destinationCidrBlock>10.0.0.0/16</destinationCidrBlock><gatewayId>local</gatewayId><state>active</state></item>
+<item><destinationCidrBlock>10.244.1.0/24</destinationCidrBlock><instanceId>i-1</instanceId><state>blackhole</state></item>
+<item><destinationIpv6CidrBlock>fd00::/64</destinationIpv6CidrBlock><instanceId>i-2</instanceId><state>active</state></item></routeSet>
+<associationSet><item><main>true</main></item></associationSet><tagSet/></item></routeTableSet></R>"#;
+        let doc = roxmltree::Document::parse(xml).unwrap();
+        let t = parse_route_table(list(doc.root_element(), "routeTableSet").next().unwrap());
+        assert_eq!(t.id, "rtb-1");
+        assert!(t.main);
+        assert_eq!(t.routes.len(), 3);
+        assert_eq!(t.routes[1].state, "blackhole");
+        assert!(t.routes[2].ipv6);
+        assert_eq!(t.routes[2].instance_id.as_deref(), Some("i-2"));
+    }
+}

@@ -1,0 +1,884 @@
+//! LoadBalancer as one network load balancer (NLB) per Service.
+//!
+//! For a Service `ns/name` with UID `u` and cluster ID `c`:
+//! - the NLB is named `a<u without dashes>` (32 characters; upstream's default name), scheme
+//!   internet-facing unless the Service asks for internal, in one subnet per zone (the
+//!   `aws-load-balancer-subnets` annotation, else the VPC's subnets tagged for the cluster or
+//!   for no cluster, internet-facing ones only in public subnets, preferring the
+//!   `kubernetes.io/role/elb` / `…/internal-elb` tag);
+//! - one target group per Service port, instance targets on the port's NodePort, named
+//!   `k8s-<ns>-<name>-<hash>` from what cannot change in place (ports, protocol, health check
+//!   protocol and interval), with the health check of [`crate::annotations`];
+//! - one listener per Service port forwarding to its target group;
+//! - every resource it creates carries `kubernetes.io/cluster/<c>=owned` and
+//!   `kubernetes.io/service-name=ns/name` (plus `aws-load-balancer-additional-resource-tags`),
+//!   and it changes or deletes only resources carrying both: a load balancer of the same name
+//!   without them is reported and left alone.
+//!
+//! Ensure is idempotent and resumable: a target group left behind by an interrupted call is
+//! found again by its name; deletion removes the NLB (its listeners with it) and then its
+//! target groups, and when the NLB is already gone it looks for target groups of the Service
+//! that an interrupted deletion left behind.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use ccm_provider_abi::prelude::*;
+use ccm_provider_abi::sdk::Result;
+use sha2::{Digest, Sha256};
+
+use crate::annotations::{self, Desired, Handling, PortMapping};
+use crate::api::ec2::Subnet;
+use crate::api::elbv2::{
+    LoadBalancer as Nlb, NewLoadBalancer, NewTargetGroup, Target, TargetGroup,
+};
+use crate::cloud::AwsContext;
+use crate::instances::{key_of, Key};
+use crate::tags;
+
+/// The `aws` LoadBalancer.
+pub struct AwsLoadBalancer {
+    cx: Arc<AwsContext>,
+    vpc: Mutex<Option<String>>,
+}
+
+/// The target group name of `mapping` (32 characters at most, alphanumerics and dashes).
+pub fn target_group_name(cluster_id: &str, d: &Desired, m: &PortMapping) -> String {
+    let mut h = Sha256::new();
+    for part in [
+        cluster_id,
+        &d.namespace,
+        &d.name,
+        &m.port.to_string(),
+        &m.node_port.to_string(),
+        &m.target_protocol,
+        "instance",
+        &d.health_check.protocol,
+        &d.health_check.interval.to_string(),
+    ] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    let hash: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(8)
+            .collect()
+    };
+    format!(
+        "k8s-{}-{}-{}",
+        clean(&d.namespace),
+        clean(&d.name),
+        &hash[..10]
+    )
+}
+
+/// The prefix of every target group name of the Service.
+fn target_group_prefix(d: &Desired) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(8)
+            .collect()
+    };
+    format!("k8s-{}-{}-", clean(&d.namespace), clean(&d.name))
+}
+
+fn status_of(lb: &Nlb) -> LoadBalancerStatus {
+    let usable = matches!(lb.state.as_str(), "active" | "provisioning" | "");
+    LoadBalancerStatus {
+        ingress: (usable && !lb.dns_name.is_empty()).then(|| {
+            vec![LoadBalancerIngress {
+                hostname: Some(lb.dns_name.clone()),
+                ..Default::default()
+            }]
+        }),
+    }
+}
+
+fn not_owned(name: &str, service: &str, cluster_id: &str) -> ProviderError {
+    ProviderError::other(format!(
+        "load balancer {name} exists but was not created by cluster {cluster_id} for service {service} (it lacks the tags {}=owned and {}={service}); it is left alone",
+        tags::cluster_tag(cluster_id),
+        tags::SERVICE_NAME_TAG
+    ))
+}
+
+impl AwsLoadBalancer {
+    /// The load balancer over the provider's context.
+    pub fn new(cx: Arc<AwsContext>) -> Self {
+        Self {
+            cx,
+            vpc: Mutex::new(None),
+        }
+    }
+
+    /// The NLB named `name`, if it exists and is this Service's; an error if it exists and is
+    /// not.
+    async fn owned(&self, name: &str, cluster_id: &str, service: &str) -> Result<Option<Nlb>> {
+        let Some(lb) = self.cx.api.describe_load_balancer(name).await? else {
+            return Ok(None);
+        };
+        let tags = self
+            .cx
+            .api
+            .describe_tags(std::slice::from_ref(&lb.arn))
+            .await?;
+        let empty = BTreeMap::new();
+        if !tags::is_owned_by(tags.get(&lb.arn).unwrap_or(&empty), cluster_id, service) {
+            return Err(not_owned(name, service, cluster_id));
+        }
+        Ok(Some(lb))
+    }
+
+    /// The instance IDs behind `nodes` (provider IDs, else a lookup by name).
+    async fn instance_ids(&self, nodes: &[Node]) -> Result<Vec<String>> {
+        let mut ids = BTreeSet::new();
+        let mut by_name = Vec::new();
+        for n in nodes {
+            match key_of(n) {
+                Ok(Key::Id(id)) => {
+                    if let Some(name) = &n.metadata.name {
+                        self.cx.remember_node(&id, name);
+                    }
+                    ids.insert(id);
+                }
+                Ok(k @ Key::Name(_)) => by_name.push(k),
+                Err(e) => log::warn!("aws: node {:?} is not a target: {e}", n.metadata.name),
+            }
+        }
+        if !by_name.is_empty() {
+            let found = self.cx.lookup(&by_name).await?;
+            for k in &by_name {
+                match found.get(k) {
+                    Some(i) => {
+                        ids.insert(i.id.clone());
+                    }
+                    None => log::warn!("aws: node {k:?} has no instance; not a target"),
+                }
+            }
+        }
+        Ok(ids.into_iter().collect())
+    }
+
+    /// The cluster's VPC: `VPC` from the config, else the VPC of one target instance.
+    async fn vpc(&self, ids: &[String]) -> Result<String> {
+        if let Some(v) = &self.cx.config.vpc {
+            return Ok(v.clone());
+        }
+        if let Some(v) = self.vpc.lock().expect("vpc").clone() {
+            return Ok(v);
+        }
+        let Some(first) = ids.first() else {
+            return Err(ProviderError::other(
+                "cannot tell the cluster's VPC: no target node, and no VPC in the cloud config",
+            ));
+        };
+        let found = self
+            .cx
+            .api
+            .describe_instances(&[("instance-id", std::slice::from_ref(first))])
+            .await?;
+        let vpc = found
+            .into_iter()
+            .find_map(|i| i.vpc_id)
+            .ok_or_else(|| ProviderError::other(format!("instance {first} has no VPC")))?;
+        *self.vpc.lock().expect("vpc") = Some(vpc.clone());
+        Ok(vpc)
+    }
+
+    /// Subnets of a new NLB: the annotation's, else discovered as the AWS CCM does.
+    async fn subnets(&self, d: &Desired, vpc: &str, cluster_id: &str) -> Result<Vec<String>> {
+        if let Some(wanted) = &d.subnets {
+            let ids: Vec<String> = wanted
+                .iter()
+                .filter(|s| s.starts_with("subnet-"))
+                .cloned()
+                .collect();
+            let names: Vec<String> = wanted
+                .iter()
+                .filter(|s| !s.starts_with("subnet-"))
+                .cloned()
+                .collect();
+            let mut found: Vec<Subnet> = Vec::new();
+            if !ids.is_empty() {
+                found.extend(
+                    self.cx
+                        .api
+                        .describe_subnets(&[("subnet-id", &ids[..])])
+                        .await?,
+                );
+            }
+            if !names.is_empty() {
+                let vpcs = [vpc.to_string()];
+                found.extend(
+                    self.cx
+                        .api
+                        .describe_subnets(&[("tag:Name", &names[..]), ("vpc-id", &vpcs[..])])
+                        .await?,
+                );
+            }
+            let mut out = Vec::new();
+            for w in wanted {
+                let s = found
+                    .iter()
+                    .find(|s| s.id == *w || s.tags.get("Name") == Some(w))
+                    .ok_or_else(|| {
+                        ProviderError::other(format!(
+                            "service {}: annotation {}: no subnet {w:?} (by ID or Name tag) in {vpc}",
+                            d.service,
+                            annotations::SUBNETS
+                        ))
+                    })?;
+                out.push(s.id.clone());
+            }
+            return Ok(out);
+        }
+
+        let vpcs = [vpc.to_string()];
+        let all = self
+            .cx
+            .api
+            .describe_subnets(&[("vpc-id", &vpcs[..])])
+            .await?;
+        let mut candidates: Vec<Subnet> = all
+            .into_iter()
+            .filter(|s| {
+                tags::has_cluster_tag(&s.tags, cluster_id) || !tags::has_any_cluster_tag(&s.tags)
+            })
+            .collect();
+        if candidates.is_empty() {
+            if let Some(id) = &self.cx.config.subnet_id {
+                return Ok(vec![id.clone()]);
+            }
+        }
+        if !d.internal {
+            let tables = self
+                .cx
+                .api
+                .describe_route_tables(&[("vpc-id", &vpcs[..])])
+                .await?;
+            let main = tables.iter().find(|t| t.main);
+            candidates.retain(|s| {
+                let table = tables.iter().find(|t| t.subnets.contains(&s.id)).or(main);
+                table.is_some_and(|t| {
+                    t.routes.iter().any(|r| {
+                        r.gateway_id
+                            .as_deref()
+                            .is_some_and(|g| g.starts_with("igw-"))
+                    })
+                })
+            });
+        }
+        let role = if d.internal {
+            tags::ROLE_INTERNAL_ELB_TAG
+        } else {
+            tags::ROLE_ELB_TAG
+        };
+        let mut by_zone: BTreeMap<String, Subnet> = BTreeMap::new();
+        for s in candidates {
+            if s.zone.is_empty() {
+                continue;
+            }
+            let better = match by_zone.get(&s.zone) {
+                None => true,
+                Some(cur) => {
+                    let rank = |x: &Subnet| {
+                        (
+                            !x.tags.contains_key(role),
+                            !tags::has_cluster_tag(&x.tags, cluster_id),
+                            x.id.clone(),
+                        )
+                    };
+                    rank(&s) < rank(cur)
+                }
+            };
+            if better {
+                by_zone.insert(s.zone.clone(), s);
+            }
+        }
+        let mut out = Vec::new();
+        for (zone, s) in by_zone {
+            // Local, Wavelength and Outposts zones take no NLB.
+            if let Some(z) = self.cx.zone(&zone).await? {
+                if z.zone_type != "availability-zone" {
+                    continue;
+                }
+            }
+            out.push(s.id);
+        }
+        if out.is_empty() {
+            return Err(ProviderError::other(format!(
+                "service {}: could not find any suitable subnets for the load balancer in {vpc} (tag {} subnets with {}=1, or set {})",
+                d.service,
+                if d.internal { "private" } else { "public" },
+                role,
+                annotations::SUBNETS
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Make the targets of `tg_arn` exactly `ids` on `port`. `known` are its current targets
+    /// when already known (a new group has none).
+    async fn sync_targets(
+        &self,
+        tg_arn: &str,
+        port: u16,
+        ids: &[String],
+        known: Option<Vec<Target>>,
+    ) -> Result<()> {
+        let actual: BTreeSet<Target> = match known {
+            Some(k) => k.into_iter().collect(),
+            None => self.cx.api.targets_of(tg_arn).await?.into_iter().collect(),
+        };
+        let wanted: BTreeSet<Target> = ids
+            .iter()
+            .map(|id| Target {
+                id: id.clone(),
+                port,
+            })
+            .collect();
+        let remove: Vec<Target> = actual.difference(&wanted).cloned().collect();
+        let add: Vec<Target> = wanted.difference(&actual).cloned().collect();
+        // Deregister first: a full group can then take replacements.
+        if !remove.is_empty() {
+            self.cx.api.deregister_targets(tg_arn, &remove).await?;
+        }
+        if !add.is_empty() {
+            match self.cx.api.register_targets(tg_arn, &add).await {
+                Err(e) if e.code() == "InvalidTarget" => {
+                    // An instance that is not running cannot be registered: keep the running ones.
+                    let want: Vec<String> = add.iter().map(|t| t.id.clone()).collect();
+                    let running: BTreeSet<String> = self
+                        .cx
+                        .api
+                        .describe_instances(&[("instance-id", &want[..])])
+                        .await?
+                        .into_iter()
+                        .filter(|i| i.state == "running")
+                        .map(|i| i.id)
+                        .collect();
+                    let add: Vec<Target> = add
+                        .into_iter()
+                        .filter(|t| running.contains(&t.id))
+                        .collect();
+                    log::warn!(
+                        "aws: {e}; registering the {} running instances only",
+                        add.len()
+                    );
+                    if !add.is_empty() {
+                        self.cx.api.register_targets(tg_arn, &add).await?;
+                    }
+                }
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The target group for `m`: found by name among `attached`, else by name in the account
+    /// (left by an interrupted call; it must be ours), else created.
+    async fn target_group(
+        &self,
+        cluster_id: &str,
+        d: &Desired,
+        m: &PortMapping,
+        vpc: &str,
+        attached: &[TargetGroup],
+        tags: &BTreeMap<String, String>,
+    ) -> Result<(TargetGroup, bool)> {
+        let name = target_group_name(cluster_id, d, m);
+        if let Some(tg) = attached.iter().find(|t| t.name == name) {
+            return Ok((tg.clone(), false));
+        }
+        if let Some(tg) = self.cx.api.target_group_named(&name).await? {
+            let found = self
+                .cx
+                .api
+                .describe_tags(std::slice::from_ref(&tg.arn))
+                .await?;
+            let empty = BTreeMap::new();
+            if !tags::is_owned_by(found.get(&tg.arn).unwrap_or(&empty), cluster_id, &d.service) {
+                return Err(ProviderError::other(format!(
+                    "target group {name} exists but was not created by cluster {cluster_id} for service {}; it is left alone",
+                    d.service
+                )));
+            }
+            return Ok((tg, false));
+        }
+        let tg = self
+            .cx
+            .api
+            .create_target_group(
+                &NewTargetGroup {
+                    name,
+                    protocol: m.target_protocol.clone(),
+                    port: m.node_port,
+                    vpc_id: vpc.to_string(),
+                    health_check: d.health_check.clone(),
+                },
+                tags,
+            )
+            .await?;
+        Ok((tg, true))
+    }
+
+    /// Bring the health check and attributes of `tg` to what `d` asks.
+    async fn reconcile_target_group(&self, tg: &TargetGroup, d: &Desired) -> Result<()> {
+        let hc = &d.health_check;
+        let differs = tg.hc_port != hc.port
+            || !tg.hc_protocol.eq_ignore_ascii_case(&hc.protocol)
+            || tg
+                .healthy_threshold
+                .is_some_and(|v| v != hc.healthy_threshold)
+            || tg
+                .unhealthy_threshold
+                .is_some_and(|v| v != hc.unhealthy_threshold)
+            || tg.hc_timeout.is_some_and(|v| v != hc.timeout)
+            || (hc.protocol != "TCP" && tg.hc_path != hc.path);
+        if differs {
+            self.cx.api.modify_target_group(&tg.arn, hc).await?;
+        }
+        if !d.tg_attributes.is_empty() {
+            let current = self.cx.api.target_group_attributes(&tg.arn).await?;
+            let changed: BTreeMap<String, String> = d
+                .tg_attributes
+                .iter()
+                .filter(|(k, v)| current.get(*k) != Some(*v))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if !changed.is_empty() {
+                self.cx
+                    .api
+                    .modify_target_group_attributes(&tg.arn, &changed)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn ensure(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<LoadBalancerStatus> {
+        let d = Desired::from_service(service, &self.cx.config.health_probe_mode)?;
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let name = annotations::load_balancer_name(service);
+        let targets: Vec<Node> = nodes
+            .iter()
+            .filter(|n| d.targets_node(n))
+            .cloned()
+            .collect();
+        let ids = self.instance_ids(&targets).await?;
+        let mut resource_tags = d.additional_tags.clone();
+        resource_tags.extend(tags::owned_tags(&cluster_id, &d.service));
+
+        let existing = self.owned(&name, &cluster_id, &d.service).await?;
+        let (lb, created) = match existing {
+            Some(lb) => {
+                let internal = lb.scheme == "internal";
+                if internal != d.internal {
+                    return Err(ProviderError::other(format!(
+                        "service {}: load balancer {name} is {} and the Service asks for {}: an NLB's scheme cannot change; delete and re-create the Service",
+                        d.service,
+                        lb.scheme,
+                        if d.internal { "internal" } else { "internet-facing" }
+                    )));
+                }
+                (lb, false)
+            }
+            None => {
+                let vpc = self.vpc(&ids).await?;
+                let subnets = self.subnets(&d, &vpc, &cluster_id).await?;
+                log::info!(
+                    "aws: creating network load balancer {name} for service {} in {}",
+                    d.service,
+                    subnets.join(",")
+                );
+                let lb = self
+                    .cx
+                    .api
+                    .create_load_balancer(
+                        &NewLoadBalancer {
+                            name: name.clone(),
+                            internal: d.internal,
+                            subnets,
+                            allocations: d.allocations.clone(),
+                            private_ips: d.private_ips.clone(),
+                            ip_address_type: d.ip_address_type.clone(),
+                        },
+                        &resource_tags,
+                    )
+                    .await?;
+                (lb, true)
+            }
+        };
+        let vpc = if lb.vpc_id.is_empty() {
+            self.vpc(&ids).await?
+        } else {
+            lb.vpc_id.clone()
+        };
+
+        // Listeners and target groups.
+        let (listeners, attached) = if created {
+            (Vec::new(), Vec::new())
+        } else {
+            (
+                self.cx.api.listeners_of(&lb.arn).await?,
+                self.cx.api.target_groups_of(&lb.arn).await?,
+            )
+        };
+        let mut keep_tgs: BTreeSet<String> = BTreeSet::new();
+        for m in &d.mappings {
+            let (tg, new_tg) = self
+                .target_group(&cluster_id, &d, m, &vpc, &attached, &resource_tags)
+                .await?;
+            keep_tgs.insert(tg.arn.clone());
+            if !new_tg {
+                self.reconcile_target_group(&tg, &d).await?;
+            } else if !d.tg_attributes.is_empty() {
+                self.reconcile_target_group(&tg, &d).await?;
+            }
+            self.sync_targets(&tg.arn, m.node_port, &ids, new_tg.then(Vec::new))
+                .await?;
+            match listeners.iter().find(|l| l.port == m.port) {
+                Some(l) => {
+                    let same = l.protocol == m.frontend_protocol
+                        && l.target_group_arn.as_deref() == Some(tg.arn.as_str())
+                        && l.certificate == m.certificate
+                        && (m.ssl_policy.is_none() || l.ssl_policy == m.ssl_policy);
+                    if !same {
+                        self.cx
+                            .api
+                            .modify_listener(
+                                &l.arn,
+                                &m.frontend_protocol,
+                                &tg.arn,
+                                m.certificate.as_deref(),
+                                m.ssl_policy.as_deref(),
+                            )
+                            .await?;
+                    }
+                }
+                None => {
+                    self.cx
+                        .api
+                        .create_listener(
+                            &lb.arn,
+                            m.port,
+                            &m.frontend_protocol,
+                            &tg.arn,
+                            m.certificate.as_deref(),
+                            m.ssl_policy.as_deref(),
+                            &resource_tags,
+                        )
+                        .await?;
+                }
+            }
+        }
+        // Listeners of ports the Service no longer has; then target groups nothing uses.
+        for l in &listeners {
+            if !d.mappings.iter().any(|m| m.port == l.port) {
+                log::info!(
+                    "aws: {name}: deleting the listener of port {} (no longer in the Service)",
+                    l.port
+                );
+                self.cx.api.delete_listener(&l.arn).await?;
+            }
+        }
+        for tg in &attached {
+            if !keep_tgs.contains(&tg.arn) {
+                log::info!(
+                    "aws: {name}: deleting target group {} (no longer used)",
+                    tg.name
+                );
+                self.cx.api.delete_target_group(&tg.arn).await?;
+            }
+        }
+
+        // Attributes: a new NLB has AWS's defaults (cross-zone off, no access logs).
+        let defaults = d.lb_attributes.iter().all(|(k, v)| {
+            (k == "load_balancing.cross_zone.enabled" || k == "access_logs.s3.enabled")
+                && v == "false"
+        });
+        if !(created && defaults) {
+            let current = self.cx.api.load_balancer_attributes(&lb.arn).await?;
+            let changed: BTreeMap<String, String> = d
+                .lb_attributes
+                .iter()
+                .filter(|(k, v)| {
+                    current.get(*k).map(String::as_str).unwrap_or("false") != v.as_str()
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if !changed.is_empty() {
+                self.cx
+                    .api
+                    .modify_load_balancer_attributes(&lb.arn, &changed)
+                    .await?;
+            }
+        }
+        if !created {
+            if let Some(t) = &d.ip_address_type {
+                self.cx.api.set_ip_address_type(&lb.arn, t).await?;
+            }
+        }
+        Ok(status_of(&lb))
+    }
+
+    async fn update(&self, cluster_name: &str, service: &Service, nodes: &[Node]) -> Result<()> {
+        let d = Desired::from_service(service, &self.cx.config.health_probe_mode)?;
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let name = annotations::load_balancer_name(service);
+        let Some(lb) = self.owned(&name, &cluster_id, &d.service).await? else {
+            return Err(ProviderError::not_found(format!(
+                "service {}: load balancer {name} does not exist",
+                d.service
+            )));
+        };
+        let targets: Vec<Node> = nodes
+            .iter()
+            .filter(|n| d.targets_node(n))
+            .cloned()
+            .collect();
+        let ids = self.instance_ids(&targets).await?;
+        for tg in self.cx.api.target_groups_of(&lb.arn).await? {
+            self.sync_targets(&tg.arn, tg.port, &ids, None).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, cluster_name: &str, service: &Service) -> Result<()> {
+        let key = annotations::service_key(service);
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let name = annotations::load_balancer_name(service);
+        let lb = match self.owned(&name, &cluster_id, &key).await {
+            Ok(lb) => lb,
+            Err(e)
+                if e.kind() == ErrorKind::OTHER && e.message().contains("was not created by") =>
+            {
+                log::warn!("aws: {e}");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let mut groups: Vec<TargetGroup> = Vec::new();
+        if let Some(lb) = &lb {
+            groups = self.cx.api.target_groups_of(&lb.arn).await?;
+            log::info!("aws: deleting network load balancer {name} of service {key}");
+            self.cx.api.delete_load_balancer(&lb.arn).await?;
+        }
+        // Target groups of the Service that are not attached any more: left by an interrupted
+        // ensure or deletion. Only when the NLB was already gone (a full listing otherwise
+        // costs for nothing).
+        if lb.is_none() {
+            groups = self.orphan_groups(&cluster_id, service, &key).await?;
+        }
+        let arns: Vec<String> = groups.iter().map(|g| g.arn.clone()).collect();
+        let owned = self.cx.api.describe_tags(&arns).await?;
+        let empty = BTreeMap::new();
+        for g in &groups {
+            if !tags::is_owned_by(owned.get(&g.arn).unwrap_or(&empty), &cluster_id, &key) {
+                log::warn!(
+                    "aws: target group {} is not tagged as {key}'s; left alone",
+                    g.name
+                );
+                continue;
+            }
+            // The listeners went with the NLB; AWS may still count the group as in use for a
+            // moment.
+            let mut pause = std::time::Duration::from_millis(200);
+            loop {
+                match self.cx.api.delete_target_group(&g.arn).await {
+                    Ok(()) => break,
+                    Err(e)
+                        if e.code() == "ResourceInUse"
+                            && pause < std::time::Duration::from_secs(10) =>
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Target groups named for `service` that no load balancer uses.
+    async fn orphan_groups(
+        &self,
+        cluster_id: &str,
+        service: &Service,
+        key: &str,
+    ) -> Result<Vec<TargetGroup>> {
+        let prefix = match Desired::from_service(service, &self.cx.config.health_probe_mode) {
+            Ok(d) => target_group_prefix(&d),
+            Err(_) => {
+                let clean = |s: &str| -> String {
+                    s.chars()
+                        .filter(char::is_ascii_alphanumeric)
+                        .take(8)
+                        .collect()
+                };
+                format!(
+                    "k8s-{}-{}-",
+                    clean(service.metadata.namespace.as_deref().unwrap_or("default")),
+                    clean(service.metadata.name.as_deref().unwrap_or(""))
+                )
+            }
+        };
+        let _ = (cluster_id, key);
+        Ok(self
+            .cx
+            .api
+            .all_target_groups()
+            .await?
+            .into_iter()
+            .filter(|g| g.name.starts_with(&prefix) && g.lb_arns.is_empty())
+            .collect())
+    }
+
+    async fn hosts(&self, cluster_name: &str, service: &Service) -> Result<Option<Vec<String>>> {
+        let key = annotations::service_key(service);
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let name = annotations::load_balancer_name(service);
+        let Some(lb) = self.owned(&name, &cluster_id, &key).await? else {
+            return Ok(None);
+        };
+        let mut ids = BTreeSet::new();
+        for tg in self.cx.api.target_groups_of(&lb.arn).await? {
+            ids.extend(
+                self.cx
+                    .api
+                    .targets_of(&tg.arn)
+                    .await?
+                    .into_iter()
+                    .map(|t| t.id),
+            );
+        }
+        Ok(Some(ids.into_iter().collect()))
+    }
+}
+
+impl LoadBalancer for AwsLoadBalancer {
+    fn get_load_balancer(
+        &self,
+        ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> Result<Option<LoadBalancerStatus>> {
+        if annotations::handling(service)? == Handling::Elsewhere {
+            return Ok(None);
+        }
+        let name = annotations::load_balancer_name(service);
+        self.cx.rt.run(ctx, async {
+            Ok(self
+                .cx
+                .api
+                .describe_load_balancer(&name)
+                .await?
+                .map(|lb| status_of(&lb)))
+        })
+    }
+
+    fn get_load_balancer_name(
+        &self,
+        _ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> Result<String> {
+        Ok(annotations::load_balancer_name(service))
+    }
+
+    fn ensure_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<Option<LoadBalancerStatus>> {
+        if annotations::handling(service)? == Handling::Elsewhere {
+            return Err(ProviderError::implemented_elsewhere());
+        }
+        self.cx
+            .rt
+            .run(ctx, self.ensure(cluster_name, service, nodes))
+            .map(Some)
+    }
+
+    fn update_load_balancer(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<()> {
+        if annotations::handling(service)? == Handling::Elsewhere {
+            return Err(ProviderError::implemented_elsewhere());
+        }
+        self.cx
+            .rt
+            .run(ctx, self.update(cluster_name, service, nodes))
+    }
+
+    fn ensure_load_balancer_deleted(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+    ) -> Result<()> {
+        if matches!(annotations::handling(service), Ok(Handling::Elsewhere)) {
+            return Ok(());
+        }
+        self.cx.rt.run(ctx, self.delete(cluster_name, service))
+    }
+
+    fn load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+    ) -> Result<Option<Vec<String>>> {
+        let Some(ids) = self.cx.rt.run(ctx, self.hosts(cluster_name, service))? else {
+            return Ok(None);
+        };
+        let names = self.cx.node_names(ctx, &ids)?;
+        let mut out: Vec<String> = ids
+            .iter()
+            .map(|id| names.get(id).cloned().unwrap_or_else(|| id.clone()))
+            .collect();
+        out.sort();
+        Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HealthProbeMode;
+    use serde_json::json;
+
+    #[test]
+    fn target_group_names_fit_and_change_with_what_cannot_be_modified() {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "very-long-service-name", "namespace": "kube-system", "uid": "u-1"},
+            "spec": {"ports": [{"port": 443, "protocol": "TCP", "nodePort": 30443}]}
+        }))
+        .unwrap();
+        let d = Desired::from_service(&svc, &HealthProbeMode::ServiceNodePort).unwrap();
+        let name = target_group_name("prod", &d, &d.mappings[0]);
+        assert!(name.starts_with("k8s-kubesyst-verylong-"), "{name}");
+        assert_eq!(name.len(), 32);
+        assert!(name.starts_with(&target_group_prefix(&d)));
+        let mut m = d.mappings[0].clone();
+        m.node_port = 30444;
+        assert_ne!(target_group_name("prod", &d, &m), name);
+        assert_ne!(target_group_name("other", &d, &d.mappings[0]), name);
+        assert_eq!(target_group_name("prod", &d, &d.mappings[0]), name);
+    }
+}

@@ -1,0 +1,267 @@
+//! Routes: pod CIDRs routed to instances in the cluster's VPC route table(s).
+//!
+//! The tables are `RouteTableID` from the cloud config (one or several), else every route
+//! table tagged with the cluster tag (`kubernetes.io/cluster/<id>`, or the legacy
+//! `KubernetesCluster`). Unlike the AWS CCM, which refuses more than one tagged table, every
+//! table gets every route (a VPC with a route table per zone).
+//!
+//! - `ListRoutes` reports the routes whose target is an instance or that are blackholes;
+//!   local and gateway routes are never reported, so the route controller never touches
+//!   them. A route whose instance is terminated is reported as a blackhole (as AWS marks it;
+//!   moto keeps it `active`), and so is a route that is not the same in every table (missing
+//!   in one, or another target): the controller deletes it and creates it again everywhere.
+//! - `CreateRoute` turns the instance's source/destination check off (routed pod traffic
+//!   needs it, as the AWS CCM does), replaces a blackhole or a route to another instance, and
+//!   adds the route to every table that lacks it.
+//! - `DeleteRoute` deletes the destination from every table where it targets an instance or
+//!   is a blackhole.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use ccm_provider_abi::prelude::*;
+use ccm_provider_abi::sdk::Result;
+
+use crate::api::ec2::RouteTable;
+use crate::cloud::AwsContext;
+use crate::instances::{key_of, Key};
+use crate::tags;
+
+/// The `aws` Routes.
+pub struct AwsRoutes {
+    cx: Arc<AwsContext>,
+}
+
+fn is_v6(cidr: &str) -> bool {
+    cidr.contains(':')
+}
+
+/// The routes of one destination across the tables.
+#[derive(Debug, Default)]
+struct Across {
+    /// `(table, instance, blackhole)` per table that has it.
+    entries: Vec<(String, Option<String>, bool)>,
+}
+
+impl AwsRoutes {
+    /// Routes over the provider's context.
+    pub fn new(cx: Arc<AwsContext>) -> Self {
+        Self { cx }
+    }
+
+    async fn tables(&self, cluster_id: &str) -> Result<Vec<RouteTable>> {
+        let ids = &self.cx.config.route_table_ids;
+        if !ids.is_empty() {
+            let found = self
+                .cx
+                .api
+                .describe_route_tables(&[("route-table-id", &ids[..])])
+                .await?;
+            if let Some(missing) = ids.iter().find(|id| !found.iter().any(|t| t.id == **id)) {
+                return Err(ProviderError::other(format!(
+                    "route table {missing} (RouteTableID in the cloud config) does not exist"
+                )));
+            }
+            return Ok(found);
+        }
+        let mut filters: Vec<(&str, Vec<String>)> =
+            vec![("tag-key", vec![tags::cluster_tag(cluster_id)])];
+        if let Some(vpc) = &self.cx.config.vpc {
+            filters.push(("vpc-id", vec![vpc.clone()]));
+        }
+        let as_refs: Vec<(&str, &[String])> = filters.iter().map(|(k, v)| (*k, &v[..])).collect();
+        let mut found = self.cx.api.describe_route_tables(&as_refs).await?;
+        if found.is_empty() {
+            let mut legacy: Vec<(&str, Vec<String>)> =
+                vec![(&"tag:KubernetesCluster"[..], vec![cluster_id.to_string()])];
+            if let Some(vpc) = &self.cx.config.vpc {
+                legacy.push(("vpc-id", vec![vpc.clone()]));
+            }
+            let as_refs: Vec<(&str, &[String])> =
+                legacy.iter().map(|(k, v)| (*k, &v[..])).collect();
+            found = self.cx.api.describe_route_tables(&as_refs).await?;
+        }
+        if found.is_empty() {
+            return Err(ProviderError::other(format!(
+                "unable to find a route table for cluster {cluster_id}: tag it {}=owned (or shared), or set RouteTableID in the cloud config",
+                tags::cluster_tag(cluster_id)
+            )));
+        }
+        Ok(found)
+    }
+
+    /// The routes to report, by destination, and the instance IDs they target.
+    async fn collect(
+        &self,
+        cluster_id: &str,
+    ) -> Result<(usize, BTreeMap<String, Across>, HashMap<String, String>)> {
+        let tables = self.tables(cluster_id).await?;
+        let mut by_dest: BTreeMap<String, Across> = BTreeMap::new();
+        for t in &tables {
+            for r in &t.routes {
+                let blackhole = r.state == "blackhole";
+                if r.instance_id.is_none() && !blackhole {
+                    continue;
+                }
+                by_dest
+                    .entry(r.destination.clone())
+                    .or_default()
+                    .entries
+                    .push((t.id.clone(), r.instance_id.clone(), blackhole));
+            }
+        }
+        let mut ids: Vec<String> = by_dest
+            .values()
+            .flat_map(|a| a.entries.iter().filter_map(|(_, i, _)| i.clone()))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        // Instance states: a route to a terminated (or vanished) instance is a blackhole.
+        let mut states = HashMap::new();
+        for chunk in ids.chunks(crate::api::ec2::FILTER_VALUES_PER_CALL) {
+            for i in self
+                .cx
+                .api
+                .describe_instances(&[("instance-id", chunk)])
+                .await?
+            {
+                states.insert(i.id, i.state);
+            }
+        }
+        Ok((tables.len(), by_dest, states))
+    }
+
+    async fn instance_for(&self, node_name: &str) -> Result<String> {
+        let node: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": node_name}}))
+                .map_err(|e| ProviderError::other(e.to_string()))?;
+        let key = key_of(&node)?;
+        if let Key::Id(id) = &key {
+            return Ok(id.clone());
+        }
+        let found = self.cx.lookup(std::slice::from_ref(&key)).await?;
+        found.get(&key).map(|i| i.id.clone()).ok_or_else(|| {
+            ProviderError::instance_not_found().context(format!("route target node {node_name:?}"))
+        })
+    }
+}
+
+impl Routes for AwsRoutes {
+    fn list_routes(&self, ctx: &CallContext, cluster_name: &str) -> Result<Vec<Route>> {
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let (tables, by_dest, states) = self.cx.rt.run(ctx, self.collect(&cluster_id))?;
+        let ids: Vec<String> = states.keys().cloned().collect();
+        let names = self.cx.node_names(ctx, &ids)?;
+        let mut out = Vec::new();
+        for (dest, across) in by_dest {
+            let targets: Vec<&Option<String>> = across.entries.iter().map(|(_, i, _)| i).collect();
+            let first = targets.first().and_then(|t| (*t).clone());
+            let dead = across.entries.iter().any(|(_, i, b)| {
+                *b || i
+                    .as_ref()
+                    .is_some_and(|id| states.get(id).is_none_or(|s| s == "terminated"))
+            });
+            let consistent = across.entries.len() == tables && targets.iter().all(|t| **t == first);
+            let target_node = first
+                .as_ref()
+                .and_then(|id| names.get(id).cloned())
+                .unwrap_or_default();
+            out.push(Route {
+                name: format!("{cluster_name}-{dest}"),
+                target_node,
+                destination_cidr: dest,
+                blackhole: dead || !consistent,
+                ..Default::default()
+            });
+        }
+        Ok(out)
+    }
+
+    fn create_route(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        _name_hint: &str,
+        route: &Route,
+    ) -> Result<()> {
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let dest = route.destination_cidr.clone();
+        if dest.parse::<ipnet::IpNet>().is_err() {
+            return Err(ProviderError::other(format!(
+                "route destination {dest:?} is not a CIDR"
+            )));
+        }
+        let known = self.cx.instance_of_node(ctx, &route.target_node);
+        self.cx.rt.run(ctx, async {
+            let instance = match known {
+                Some(id) => id,
+                None => self.instance_for(&route.target_node).await?,
+            };
+            self.cx.remember_node(&instance, &route.target_node);
+            self.cx.api.set_source_dest_check(&instance, false).await?;
+            let v6 = is_v6(&dest);
+            for table in self.tables(&cluster_id).await? {
+                let existing = table.routes.iter().find(|r| r.destination == dest);
+                match existing {
+                    Some(r)
+                        if r.instance_id.as_deref() == Some(instance.as_str())
+                            && r.state != "blackhole" =>
+                    {
+                        continue
+                    }
+                    Some(r) if r.instance_id.is_some() || r.state == "blackhole" => {
+                        log::info!(
+                            "aws: replacing route {dest} in {} (was {}, {})",
+                            table.id,
+                            r.instance_id.as_deref().unwrap_or("no instance"),
+                            r.state
+                        );
+                        self.cx.api.delete_route(&table.id, &dest, v6).await?;
+                    }
+                    Some(_) => {
+                        return Err(ProviderError::other(format!(
+                            "route table {} already routes {dest} to a gateway; not changing it",
+                            table.id
+                        )))
+                    }
+                    None => {}
+                }
+                match self
+                    .cx
+                    .api
+                    .create_route(&table.id, &dest, v6, &instance)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.code() == "RouteAlreadyExists" => {
+                        log::info!("aws: route {dest} already in {}", table.id);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn delete_route(&self, ctx: &CallContext, cluster_name: &str, route: &Route) -> Result<()> {
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let dest = route.destination_cidr.clone();
+        self.cx.rt.run(ctx, async {
+            for table in self.tables(&cluster_id).await? {
+                let Some(r) = table.routes.iter().find(|r| r.destination == dest) else {
+                    continue;
+                };
+                // Never a local or gateway route: only what a CreateRoute could have made.
+                if r.instance_id.is_none() && r.state != "blackhole" {
+                    continue;
+                }
+                match self.cx.api.delete_route(&table.id, &dest, r.ipv6).await {
+                    Ok(()) => {}
+                    Err(e) if e.code() == "InvalidRoute.NotFound" => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(())
+        })
+    }
+}

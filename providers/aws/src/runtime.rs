@@ -1,0 +1,159 @@
+//! The provider's async runtime and the bridge from the host's synchronous calls to it.
+//!
+//! The host calls every provider method on one of its blocking threads. Each AWS provider
+//! instance owns one multi-threaded tokio runtime (two workers, created once in the factory)
+//! that drives the HTTP connections; a provider method runs its async body with
+//! [`AwsRuntime::run`], which ends it early when the call's deadline passes or the host
+//! cancels the call. Dropping the body drops its in-flight HTTP requests.
+//!
+//! The runtime is this plugin's own copy of tokio (a plugin links its own crates), so it never
+//! meets the host's runtime.
+
+use std::future::Future;
+use std::time::Duration;
+
+use ccm_provider_abi::{CallContext, ProviderError};
+
+/// How often a running call looks at the host's cancellation flag.
+const CANCEL_POLL: Duration = Duration::from_millis(20);
+
+/// One tokio runtime per provider instance.
+pub struct AwsRuntime {
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl AwsRuntime {
+    /// A runtime with two worker threads named `ccm-aws`.
+    pub fn new() -> Result<Self, ProviderError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ccm-aws")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                ProviderError::other(format!("cannot start the AWS provider's runtime: {e}"))
+            })?;
+        Ok(Self { rt: Some(rt) })
+    }
+
+    /// The runtime's handle (to spawn background work or build clients on it).
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        self.rt.as_ref().expect("runtime lives until drop").handle()
+    }
+
+    /// Run `fut` to completion on this runtime from a host thread, bounded by the call's
+    /// deadline and cancelled with it.
+    pub fn run<T>(
+        &self,
+        ctx: &CallContext,
+        fut: impl Future<Output = Result<T, ProviderError>>,
+    ) -> Result<T, ProviderError> {
+        ctx.check()?;
+        let rt = self.rt.as_ref().expect("runtime lives until drop");
+        rt.block_on(bounded(ctx, fut))
+    }
+
+    /// Run `fut` without a call context (factory-time work), bounded by `timeout`.
+    pub fn run_for<T>(
+        &self,
+        timeout: Duration,
+        fut: impl Future<Output = Result<T, ProviderError>>,
+    ) -> Result<T, ProviderError> {
+        self.run(&CallContext::new(Some(timeout)), fut)
+    }
+}
+
+/// `fut`, ended with `DeadlineExceeded` at the call's deadline or `Cancelled` when the host
+/// cancels the call.
+pub async fn bounded<T>(
+    ctx: &CallContext,
+    fut: impl Future<Output = Result<T, ProviderError>>,
+) -> Result<T, ProviderError> {
+    let cancelled = async {
+        loop {
+            if ctx.is_cancelled() {
+                return;
+            }
+            tokio::time::sleep(CANCEL_POLL).await;
+        }
+    };
+    let deadline = async {
+        match ctx.remaining() {
+            Some(left) => tokio::time::sleep(left).await,
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        r = fut => r,
+        () = cancelled => Err(ProviderError::cancelled("call cancelled by the host")),
+        () = deadline => Err(ProviderError::deadline_exceeded("call deadline exceeded")),
+    }
+}
+
+impl Drop for AwsRuntime {
+    fn drop(&mut self) {
+        // Never block the host's thread on our workers: idle connections and timers are
+        // simply abandoned.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ccm_provider_abi::ErrorKind;
+    use std::time::Instant;
+
+    #[test]
+    fn deadline_and_cancellation_end_the_call() {
+        let rt = AwsRuntime::new().unwrap();
+        let ok = rt.run(&CallContext::background(), async { Ok(7) }).unwrap();
+        assert_eq!(ok, 7);
+
+        let started = Instant::now();
+        let ctx = CallContext::new(Some(Duration::from_millis(100)));
+        let e = rt
+            .run(&ctx, async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::DEADLINE_EXCEEDED);
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        let ctx = CallContext::background();
+        let c2 = ctx.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            c2.cancel();
+        });
+        let e = rt
+            .run(&ctx, async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CANCELLED);
+    }
+
+    #[test]
+    fn many_host_threads_share_one_runtime() {
+        let rt = std::sync::Arc::new(AwsRuntime::new().unwrap());
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let rt = rt.clone();
+                std::thread::spawn(move || {
+                    rt.run(&CallContext::background(), async move {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok(i)
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        let sum: i32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(sum, 28);
+    }
+}
