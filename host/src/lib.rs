@@ -20,4 +20,5 @@ pub mod plugin;
 pub mod provider;
 pub mod rate_limit;
 pub mod sandbox;
+pub mod well_known;
 pub mod workqueue;

@@ -40,9 +40,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ccm_host::controllers::node::UNINITIALIZED_TAINT;
-use ccm_host::controllers::service::predicates::EXCLUDE_LB_LABEL;
-use ccm_host::controllers::service::LB_CLEANUP_FINALIZER;
+use ccm_host::well_known::{EXCLUDE_LB_LABEL, LB_CLEANUP_FINALIZER, UNINITIALIZED_TAINT};
 use ccm_provider_fake::config::GoDuration;
 use ccm_provider_fake::control::{self as fake, CallRecord};
 use ccm_provider_fake::{ErrorSpec, FakeConfig, FakeState, InjectedKind, InstanceConfig};

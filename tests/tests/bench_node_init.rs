@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube_apiserver_inmem::RequestRecord;
 use serde_json::{json, Value};
 
-const TAINT: &str = node::UNINITIALIZED_TAINT;
+const TAINT: &str = ccm_host::well_known::UNINITIALIZED_TAINT;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())

@@ -11,6 +11,7 @@ use super::scene::{self, NAMESPACE};
 use super::validate::{self, describe_status};
 use super::{err_text, step, Suite};
 use crate::controllers::service::{self, predicates::load_balancer_status_equal};
+use crate::well_known::LB_CLEANUP_FINALIZER;
 
 /// Name of the Service the service controller provisions.
 pub const CONTROLLER_SERVICE: &str = "ccm-check-svc";
@@ -305,7 +306,7 @@ impl Suite {
                         .metadata
                         .finalizers
                         .as_ref()
-                        .is_some_and(|f| f.iter().any(|f| f == service::LB_CLEANUP_FINALIZER));
+                        .is_some_and(|f| f.iter().any(|f| f == LB_CLEANUP_FINALIZER));
                     let has_ingress = s
                         .status
                         .as_ref()

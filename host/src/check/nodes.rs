@@ -11,8 +11,12 @@ use kube::Api;
 use super::report::Outcome;
 use super::scene::{self, NodeSpec};
 use super::{err_text, per_node, step, validate, Suite};
-use crate::controllers::node::{self, labels, UNINITIALIZED_TAINT};
-use crate::controllers::node_lifecycle::{self, SHUTDOWN_TAINT};
+use crate::controllers::node;
+use crate::controllers::node_lifecycle;
+use crate::well_known::{
+    REGION_BETA_LABEL, REGION_LABEL, SHUTDOWN_TAINT, UNINITIALIZED_TAINT, ZONE_BETA_LABEL,
+    ZONE_LABEL,
+};
 
 /// `1 node`, `2 nodes`.
 pub(super) fn count(n: usize, what: &str) -> String {
@@ -418,8 +422,8 @@ impl Suite {
         let mut seen = Vec::new();
         for (name, node) in &self.initialised {
             for (ga, beta) in [
-                (labels::ZONE, labels::ZONE_BETA),
-                (labels::REGION, labels::REGION_BETA),
+                (ZONE_LABEL, ZONE_BETA_LABEL),
+                (REGION_LABEL, REGION_BETA_LABEL),
             ] {
                 if let Some(v) = label(node, ga) {
                     if let Err(e) = validate::label_value(v) {
@@ -441,8 +445,8 @@ impl Suite {
                 Err(e) => problems.push(e),
                 Ok((zone, region)) => {
                     for (what, reported, key) in [
-                        ("zone", &zone, labels::ZONE),
-                        ("region", &region, labels::REGION),
+                        ("zone", &zone, ZONE_LABEL),
+                        ("region", &region, REGION_LABEL),
                     ] {
                         let labelled = label(node, key).unwrap_or_default();
                         if !reported.is_empty() && labelled != reported.as_str() {

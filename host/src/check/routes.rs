@@ -11,6 +11,7 @@ use kube::Api;
 use super::report::Outcome;
 use super::{err_text, step, Suite};
 use crate::controllers::route;
+use crate::well_known::NETWORK_UNAVAILABLE_CONDITION;
 
 /// How often the provider's routes are listed while waiting for the controller.
 const POLL: Duration = Duration::from_millis(200);
@@ -27,7 +28,7 @@ fn network_available(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "NetworkUnavailable"))
+        .and_then(|cs| cs.iter().find(|c| c.type_ == NETWORK_UNAVAILABLE_CONDITION))
         .is_some_and(|c| c.status == "False")
 }
 

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use serde_json::{json, Value};
 
-use crate::controllers::node::UNINITIALIZED_TAINT;
+use crate::well_known::UNINITIALIZED_TAINT;
 
 /// Node names used when no `--node` is given.
 pub const DEFAULT_NODES: [&str; 3] = ["ccm-check-1", "ccm-check-2", "ccm-check-3"];

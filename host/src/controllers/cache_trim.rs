@@ -34,8 +34,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 
 use super::service::predicates::{has_lb_finalizer, has_lb_ingress};
 
-/// kubectl's client-side apply record: a copy of the whole object in an annotation.
-pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+use crate::well_known::LAST_APPLIED_ANNOTATION;
 
 /// Trim a node for the shared cache (every node is cached). Nothing the node controller's PUT
 /// sends back (metadata, spec) is dropped but managedFields, which the API server keeps when

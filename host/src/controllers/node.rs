@@ -46,6 +46,10 @@ use crate::events::{node_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
 use crate::provider::{Provider, Throttled};
+use crate::well_known::{
+    INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, REGION_BETA_LABEL, REGION_LABEL,
+    UNINITIALIZED_TAINT, ZONE_BETA_LABEL, ZONE_LABEL,
+};
 use crate::workqueue::WorkQueue;
 
 /// Canonical controller name.
@@ -56,26 +60,6 @@ pub const ALIAS: &str = "cloud-node";
 pub const COMPONENT: &str = "cloud-node-controller";
 /// Work queue name.
 pub const QUEUE: &str = "Nodes";
-/// The taint kubelet sets on nodes of an external cloud provider until they are initialised
-/// (matched by key only).
-pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
-
-/// Label keys written at initialisation.
-pub mod labels {
-    /// Deprecated instance-type label.
-    pub const INSTANCE_TYPE_BETA: &str = "beta.kubernetes.io/instance-type";
-    /// Instance-type label.
-    pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
-    /// Deprecated zone label.
-    pub const ZONE_BETA: &str = "failure-domain.beta.kubernetes.io/zone";
-    /// Zone label.
-    pub const ZONE: &str = "topology.kubernetes.io/zone";
-    /// Deprecated region label.
-    pub const REGION_BETA: &str = "failure-domain.beta.kubernetes.io/region";
-    /// Region label.
-    pub const REGION: &str = "topology.kubernetes.io/region";
-}
-
 /// Per-node backoff of the work queue (client-go's default controller rate limiter).
 const BACKOFF_BASE: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1000);
@@ -549,12 +533,12 @@ pub fn node_modifications(node: &Node, md: &InstanceMetadata) -> Result<NodeModi
         }
     };
     set(
-        labels::INSTANCE_TYPE_BETA,
-        labels::INSTANCE_TYPE,
+        INSTANCE_TYPE_BETA_LABEL,
+        INSTANCE_TYPE_LABEL,
         &md.instance_type,
     );
-    set(labels::ZONE_BETA, labels::ZONE, &md.zone);
-    set(labels::REGION_BETA, labels::REGION, &md.region);
+    set(ZONE_BETA_LABEL, ZONE_LABEL, &md.zone);
+    set(REGION_BETA_LABEL, REGION_LABEL, &md.region);
     for (k, v) in &md.additional_labels {
         if is_reserved_label_key(k) {
             tracing::warn!(controller = NAME, node = name, label = %k, "dropping additional label in a reserved kubernetes.io / k8s.io namespace");
@@ -856,6 +840,7 @@ impl NodeController {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::well_known::PROVIDED_NODE_IP_ANNOTATION;
     use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -997,39 +982,18 @@ mod tests {
 
     #[test]
     fn invalid_or_absent_node_ip_fails_before_anything_is_changed() {
-        let n = node(
-            "",
-            &[],
-            &[(
-                super::super::node_addresses::PROVIDED_NODE_IP_ANNOTATION,
-                "10.0.0.9",
-            )],
-        );
+        let n = node("", &[], &[(PROVIDED_NODE_IP_ANNOTATION, "10.0.0.9")]);
         assert_eq!(
             node_modifications(&n, &metadata()).unwrap_err(),
             "provided node ip for node \"node0\" is not valid: failed to get node address from cloud provider that matches ip: 10.0.0.9"
         );
-        let n = node(
-            "",
-            &[],
-            &[(
-                super::super::node_addresses::PROVIDED_NODE_IP_ANNOTATION,
-                "10.0.0.1.1",
-            )],
-        );
+        let n = node("", &[], &[(PROVIDED_NODE_IP_ANNOTATION, "10.0.0.1.1")]);
         assert!(node_modifications(&n, &metadata())
             .unwrap_err()
             .starts_with(
                 "provided node ip for node \"node0\" is not valid: failed to parse node IP"
             ));
-        let n = node(
-            "",
-            &[],
-            &[(
-                super::super::node_addresses::PROVIDED_NODE_IP_ANNOTATION,
-                "132.143.154.163",
-            )],
-        );
+        let n = node("", &[], &[(PROVIDED_NODE_IP_ANNOTATION, "132.143.154.163")]);
         assert!(node_modifications(&n, &metadata()).is_ok());
     }
 

@@ -9,8 +9,11 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use k8s_openapi::api::core::v1::NodeAddress;
 
-/// Annotation set by kubelet `--node-ip` when the cloud provider is external.
-pub const PROVIDED_NODE_IP_ANNOTATION: &str = "alpha.kubernetes.io/provided-node-ip";
+use crate::well_known::{
+    INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, PROVIDED_NODE_IP_ANNOTATION, REGION_BETA_LABEL,
+    REGION_LABEL, ZONE_BETA_LABEL, ZONE_LABEL,
+};
+
 /// The `Hostname` address type.
 pub const HOSTNAME: &str = "Hostname";
 
@@ -168,18 +171,9 @@ pub fn is_reserved_label_key(key: &str) -> bool {
 
 /// Label pairs reconciled on initialised nodes: the beta (primary) label is the source of truth.
 pub const LABEL_PAIRS: [(&str, &str); 3] = [
-    (
-        "failure-domain.beta.kubernetes.io/zone",
-        "topology.kubernetes.io/zone",
-    ),
-    (
-        "failure-domain.beta.kubernetes.io/region",
-        "topology.kubernetes.io/region",
-    ),
-    (
-        "beta.kubernetes.io/instance-type",
-        "node.kubernetes.io/instance-type",
-    ),
+    (ZONE_BETA_LABEL, ZONE_LABEL),
+    (REGION_BETA_LABEL, REGION_LABEL),
+    (INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL),
 ];
 
 /// The labels to write so every GA label equals its beta label (upstream

@@ -37,6 +37,7 @@ use super::{publish_if_throttled, ControllerContext, NotStarted};
 use crate::events::{node_ref, EventRecorder, EventType};
 use crate::patches::{add_node_taint, remove_node_taint};
 use crate::provider::Provider;
+use crate::well_known::{READY_CONDITION, SHUTDOWN_TAINT};
 
 /// Canonical controller name.
 pub const NAME: &str = "cloud-node-lifecycle-controller";
@@ -44,8 +45,6 @@ pub const NAME: &str = "cloud-node-lifecycle-controller";
 pub const ALIAS: &str = "cloud-node-lifecycle";
 /// Event source component.
 pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
-/// The taint of nodes whose instance is shut down.
-pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 /// Event reason of a deletion.
 pub const DELETING_NODE: &str = "DeletingNode";
 /// Event reason of a failed deletion.
@@ -190,7 +189,7 @@ fn ready_status(node: &Node) -> &str {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|cs| cs.iter().find(|c| c.type_ == READY_CONDITION))
         .map_or("Unknown", |c| c.status.as_str())
 }
 

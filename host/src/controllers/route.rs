@@ -33,6 +33,7 @@ use crate::events::{node_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::patch_node_condition;
 use crate::provider::Throttled;
+use crate::well_known::NETWORK_UNAVAILABLE_CONDITION;
 
 /// Canonical controller name.
 pub const NAME: &str = "node-route-controller";
@@ -393,7 +394,7 @@ pub fn desired_condition(node: &Node, unavailable: bool, now: Time) -> Option<No
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "NetworkUnavailable"));
+        .and_then(|cs| cs.iter().find(|c| c.type_ == NETWORK_UNAVAILABLE_CONDITION));
     if let Some(c) = existing {
         let reason = c.reason.as_deref().unwrap_or("");
         if !unavailable && c.status == "False" && reason == "RouteCreated" {
@@ -413,7 +414,7 @@ pub fn desired_condition(node: &Node, unavailable: bool, now: Time) -> Option<No
         ("False", "RouteCreated", "RouteController created a route")
     };
     Some(NodeCondition {
-        type_: "NetworkUnavailable".into(),
+        type_: NETWORK_UNAVAILABLE_CONDITION.into(),
         status: status.into(),
         reason: Some(reason.into()),
         message: Some(message.into()),

@@ -8,8 +8,8 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use super::scene::Scene;
-use crate::controllers::node::UNINITIALIZED_TAINT;
 use crate::controllers::service::predicates::{has_lb_finalizer, ClassPolicy};
+use crate::well_known::{NETWORK_UNAVAILABLE_CONDITION, UNINITIALIZED_TAINT};
 
 /// What the controllers are expected to do, from the enabled controllers, the flags and the
 /// provider's capabilities; each `Err` says why a part is not expected.
@@ -198,7 +198,7 @@ pub fn node_routed(node: &Node) -> Option<bool> {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "NetworkUnavailable"))
+        .and_then(|cs| cs.iter().find(|c| c.type_ == NETWORK_UNAVAILABLE_CONDITION))
         .map(|c| c.status == "False")
 }
 

@@ -11,10 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::observe::{self, Expectations, Observation, Progress};
 use super::scene::Scene;
 use crate::provider::Provider;
-
-const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
-const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-const REGION_LABEL: &str = "topology.kubernetes.io/region";
+use crate::well_known::{INSTANCE_TYPE_LABEL, REGION_LABEL, ZONE_LABEL};
 
 /// Where the cloud's view comes from.
 pub enum CloudSource {

@@ -18,9 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::controllers::node::UNINITIALIZED_TAINT;
-use crate::controllers::node_addresses::PROVIDED_NODE_IP_ANNOTATION;
-use crate::controllers::service::predicates::EXCLUDE_LB_LABEL;
+use crate::well_known::{EXCLUDE_LB_LABEL, PROVIDED_NODE_IP_ANNOTATION, UNINITIALIZED_TAINT};
 
 /// Default pod network of the sandbox cluster.
 pub const DEFAULT_CLUSTER_CIDR: &str = "10.244.0.0/16";

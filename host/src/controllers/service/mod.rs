@@ -66,13 +66,14 @@ use crate::events::{service_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_not_found, patch_service_status};
 use crate::provider::Throttled;
+use crate::well_known::LB_CLEANUP_FINALIZER;
 use crate::workqueue::WorkQueue;
 
+pub use predicates::ClassPolicy;
 use predicates::{
     has_lb_finalizer, has_lb_ingress, load_balancer_status_equal, needs_cleanup, needs_update,
     should_sync_updated_node, split_key, stable_node_set, update_failed_message,
 };
-pub use predicates::{ClassPolicy, LB_CLEANUP_FINALIZER};
 
 /// Canonical controller name.
 pub const NAME: &str = "service-lb-controller";

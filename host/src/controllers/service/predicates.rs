@@ -12,13 +12,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::controllers::ControllerConfig;
+use crate::well_known::{
+    EXCLUDE_LB_LABEL, LB_CLEANUP_FINALIZER, READY_CONDITION, TO_BE_DELETED_TAINT,
+};
 
-/// The finalizer that keeps a Service until its load balancer is gone.
-pub const LB_CLEANUP_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
-/// Node label that excludes a node from load-balancer host sets.
-pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
-/// Cluster-autoscaler taint (matched by key only).
-pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 /// At most this many node names appear in an `UpdateLoadBalancerFailed` event.
 pub const MAX_NODE_NAMES_TO_LOG: usize = 20;
 
@@ -202,7 +199,7 @@ pub fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|cs| cs.iter().find(|c| c.type_ == READY_CONDITION))
         .is_some_and(|c| c.status == "True")
 }
 
