@@ -62,6 +62,7 @@ pub struct CredentialSource {
     settings: CredentialSettings,
     http: SharedHttpClient,
     files: Vec<PathBuf>,
+    fixed: bool,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -86,10 +87,27 @@ impl CredentialSource {
             settings,
             http,
             files: credentials.into_iter().chain(config).collect(),
+            fixed: false,
             state: tokio::sync::Mutex::new(State {
                 chain: None,
                 stamp: FileStamp::default(),
                 current: None,
+            }),
+        }
+    }
+
+    /// Fixed credentials, no chain (tools and tests that talk to an emulator).
+    pub fn from_static(access_key_id: &str, secret_access_key: &str, http: SharedHttpClient) -> Self {
+        let creds = Credentials::new(access_key_id, secret_access_key, None, None, "static");
+        Self {
+            settings: CredentialSettings::default(),
+            http,
+            files: Vec::new(),
+            fixed: true,
+            state: tokio::sync::Mutex::new(State {
+                chain: Some(SharedCredentialsProvider::new(creds.clone())),
+                stamp: FileStamp(Vec::new()),
+                current: Some(creds),
             }),
         }
     }
@@ -191,6 +209,9 @@ impl CredentialSource {
     /// Forget the cached credentials (the cloud rejected them): the next call resolves the
     /// chain again. Returns whether anything was cached.
     pub async fn invalidate(&self) -> bool {
+        if self.fixed {
+            return false;
+        }
         let mut st = self.state.lock().await;
         st.chain = None;
         st.current.take().is_some()
