@@ -9,11 +9,12 @@ use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
 use serde_json::json;
 
-use crate::config::FakeConfig;
-use crate::control::{CallLog, CallRecord, ControlChange, ControlWatcher, FakeState, StateFile};
+use crate::config::{FakeConfig, IpPool};
+use crate::control::{
+    CallLog, CallRecord, ControlChange, ControlWatcher, FakeState, LoadBalancerRecord, RouteKey,
+    RouteRecord, StateFile,
+};
 use crate::faults::{Counters, Faults};
-use crate::loadbalancer::{LoadBalancerRecord, PoolAlloc};
-use crate::routes::{RouteKey, RouteRecord};
 
 /// Which registered provider a cloud is: they differ only in capability defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +114,7 @@ pub(crate) struct CloudState {
 
 impl CloudState {
     /// The state of a `cloud.json` written by another process sharing the cloud.
-    fn from_snapshot(snapshot: FakeState, pool: crate::config::IpPool) -> Self {
+    fn from_snapshot(snapshot: FakeState, pool: IpPool) -> Self {
         let mut state = Self::default();
         for lb in snapshot.load_balancers {
             let key = lb.service_key();
@@ -172,6 +173,58 @@ impl AutoIps {
                 return ip;
             }
             i = (i + 1) % Self::SPAN;
+        }
+    }
+}
+
+/// Pool addresses handed out, by service key. An address stays with its service until the load
+/// balancer is deleted.
+#[derive(Default)]
+pub(crate) struct PoolAlloc {
+    by_key: HashMap<String, Ipv4Addr>,
+    used: HashSet<Ipv4Addr>,
+}
+
+impl PoolAlloc {
+    pub(crate) fn get_or_alloc(&mut self, key: &str, pool: IpPool) -> Result<Ipv4Addr> {
+        if let Some(ip) = self.by_key.get(key) {
+            return Ok(*ip);
+        }
+        let size = pool.size();
+        if size == 0 {
+            return Err(ProviderError::other(format!(
+                "ipPool {pool} has no addresses"
+            )));
+        }
+        // Start at a hash of the key so the address does not depend on the order of creation.
+        let start = (fnv1a(key.as_bytes()) % u64::from(size)) as u32;
+        for step in 0..size {
+            let ip = pool.nth((start + step) % size);
+            if self.used.insert(ip) {
+                self.by_key.insert(key.to_string(), ip);
+                return Ok(ip);
+            }
+        }
+        Err(ProviderError::other(format!(
+            "ipPool {pool} is exhausted ({size} load balancers)"
+        )))
+    }
+
+    /// Record the address of a load balancer loaded from a shared `cloud.json` (only addresses
+    /// of `pool` are the pool's to hand out and release).
+    pub(crate) fn restore(&mut self, key: &str, ip: Ipv4Addr, pool: IpPool) {
+        let offset = u64::from(u32::from(ip)).wrapping_sub(u64::from(u32::from(pool.network)));
+        if u32::from(ip) >= u32::from(pool.network)
+            && offset < 1u64 << (32 - u32::from(pool.prefix))
+        {
+            self.by_key.insert(key.to_string(), ip);
+            self.used.insert(ip);
+        }
+    }
+
+    pub(crate) fn release(&mut self, key: &str) {
+        if let Some(ip) = self.by_key.remove(key) {
+            self.used.remove(&ip);
         }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! - [`CONTROL_FILE`] (`control.yaml`): re-read when it changes; replaces the live settings.
 //! - [`CALLS_FILE`] (`calls.jsonl`): one JSON line per provider call ([`CallRecord`]).
-//! - [`STATE_FILE`] (`cloud.json`): the cloud's load balancers and routes ([`FakeState`]),
+//! - [`STATE_FILE`] (`cloud.json`): the cloud's load balancers and routes ([`FakeState`] of
+//!   [`LoadBalancerRecord`]s and [`RouteRecord`]s, the types the cloud keeps them in),
 //!   rewritten atomically after every change.
 //!
 //! The free functions here are the test side of that contract.
@@ -16,11 +17,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use ccm_provider_abi::prelude::{LoadBalancerIngress, LoadBalancerStatus, PortStatus};
 use serde::{Deserialize, Serialize};
 
-use crate::config::FakeConfig;
-use crate::loadbalancer::LoadBalancerRecord;
-use crate::routes::RouteRecord;
+use crate::config::{AddressConfig, FakeConfig, RouteConfig};
 
 /// Name of the control file in `stateDir`.
 pub const CONTROL_FILE: &str = "control.yaml";
@@ -69,6 +69,128 @@ impl CallRecord {
                     .collect()
             })
             .unwrap_or_default()
+    }
+}
+
+/// A load balancer of the fake cloud (as in `cloud.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerRecord {
+    /// Upstream `DefaultLoadBalancerName`: `"a"` + the UID without dashes, at most 32 characters.
+    pub name: String,
+    /// The `--cluster-name` it was ensured for.
+    pub cluster: String,
+    /// Service namespace.
+    pub namespace: String,
+    /// Service name.
+    pub service: String,
+    /// Service UID.
+    pub uid: String,
+    /// The service's ports.
+    pub ports: Vec<PortRecord>,
+    /// Names of the backend nodes, sorted.
+    pub hosts: Vec<String>,
+    /// The address published in the ingress.
+    #[serde(rename = "loadBalancerIP")]
+    pub load_balancer_ip: String,
+    /// `ipMode` published in the ingress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_mode: Option<String>,
+}
+
+impl LoadBalancerRecord {
+    /// `namespace/name`.
+    pub fn service_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.service)
+    }
+
+    /// The status the cloud reports for this load balancer.
+    pub fn status(&self) -> LoadBalancerStatus {
+        LoadBalancerStatus {
+            ingress: Some(vec![LoadBalancerIngress {
+                ip: Some(self.load_balancer_ip.clone()),
+                hostname: None,
+                ip_mode: self.ip_mode.clone(),
+                ports: Some(
+                    self.ports
+                        .iter()
+                        .map(|p| PortStatus {
+                            port: p.port,
+                            protocol: p.protocol.clone(),
+                            error: None,
+                        })
+                        .collect(),
+                ),
+            }]),
+        }
+    }
+}
+
+/// One port of a load balancer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortRecord {
+    /// Port name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
+    /// Service port.
+    pub port: i32,
+    /// Node port, if allocated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<i32>,
+}
+
+/// (target node, destination CIDR): at most one route each per cluster.
+pub(crate) type RouteKey = (String, String);
+
+/// A route of the fake cloud (as in `cloud.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteRecord {
+    /// `<cluster>-<node>-<cidr>` for routes created through `CreateRoute`.
+    pub name: String,
+    /// The cluster it belongs to.
+    pub cluster: String,
+    /// Node name.
+    pub target_node: String,
+    /// Pod CIDR.
+    #[serde(rename = "destinationCIDR")]
+    pub destination_cidr: String,
+    /// The route's target is gone.
+    #[serde(default)]
+    pub blackhole: bool,
+    /// Addresses of the target node when the route was created.
+    #[serde(default)]
+    pub target_node_addresses: Vec<AddressConfig>,
+    /// The name hint given to `CreateRoute` (the node UID).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name_hint: String,
+}
+
+/// Upstream fake's route name.
+pub fn route_name(cluster: &str, node: &str, cidr: &str) -> String {
+    format!("{cluster}-{node}-{cidr}")
+}
+
+impl RouteRecord {
+    pub(crate) fn from_seed(seed: &RouteConfig) -> Self {
+        Self {
+            name: seed.name.clone().unwrap_or_else(|| {
+                route_name(&seed.cluster, &seed.target_node, &seed.destination_cidr)
+            }),
+            cluster: seed.cluster.clone(),
+            target_node: seed.target_node.clone(),
+            destination_cidr: seed.destination_cidr.clone(),
+            blackhole: seed.blackhole,
+            target_node_addresses: seed.target_node_addresses.clone(),
+            name_hint: String::new(),
+        }
+    }
+
+    pub(crate) fn key(&self) -> RouteKey {
+        (self.target_node.clone(), self.destination_cidr.clone())
     }
 }
 

@@ -1,86 +1,12 @@
 //! Load balancers: one per service (`namespace/name`), with a stable address from `externalIP`,
 //! the service's `spec.loadBalancerIP`, or the `ipPool`.
 
-use std::collections::{HashMap, HashSet};
-use std::net::Ipv4Addr;
-
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::cloud::{fnv1a, FakeCloud, Settings};
-use crate::config::IpPool;
-
-/// A load balancer of the fake cloud (as in `cloud.json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LoadBalancerRecord {
-    /// Upstream `DefaultLoadBalancerName`: `"a"` + the UID without dashes, at most 32 characters.
-    pub name: String,
-    /// The `--cluster-name` it was ensured for.
-    pub cluster: String,
-    /// Service namespace.
-    pub namespace: String,
-    /// Service name.
-    pub service: String,
-    /// Service UID.
-    pub uid: String,
-    /// The service's ports.
-    pub ports: Vec<PortRecord>,
-    /// Names of the backend nodes, sorted.
-    pub hosts: Vec<String>,
-    /// The address published in the ingress.
-    #[serde(rename = "loadBalancerIP")]
-    pub load_balancer_ip: String,
-    /// `ipMode` published in the ingress.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ip_mode: Option<String>,
-}
-
-impl LoadBalancerRecord {
-    /// `namespace/name`.
-    pub fn service_key(&self) -> String {
-        format!("{}/{}", self.namespace, self.service)
-    }
-
-    /// The status the cloud reports for this load balancer.
-    pub fn status(&self) -> LoadBalancerStatus {
-        LoadBalancerStatus {
-            ingress: Some(vec![LoadBalancerIngress {
-                ip: Some(self.load_balancer_ip.clone()),
-                hostname: None,
-                ip_mode: self.ip_mode.clone(),
-                ports: Some(
-                    self.ports
-                        .iter()
-                        .map(|p| PortStatus {
-                            port: p.port,
-                            protocol: p.protocol.clone(),
-                            error: None,
-                        })
-                        .collect(),
-                ),
-            }]),
-        }
-    }
-}
-
-/// One port of a load balancer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PortRecord {
-    /// Port name.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
-    /// Service port.
-    pub port: i32,
-    /// Node port, if allocated.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_port: Option<i32>,
-}
+use crate::cloud::{FakeCloud, Settings};
+use crate::control::{LoadBalancerRecord, PortRecord};
 
 /// Upstream `DefaultLoadBalancerName`.
 pub fn default_load_balancer_name(service: &Service) -> String {
@@ -104,58 +30,6 @@ pub fn service_key(service: &Service) -> String {
         service.metadata.namespace.as_deref().unwrap_or("default"),
         service.metadata.name.as_deref().unwrap_or("")
     )
-}
-
-/// Pool addresses handed out, by service key. An address stays with its service until the load
-/// balancer is deleted.
-#[derive(Default)]
-pub(crate) struct PoolAlloc {
-    by_key: HashMap<String, Ipv4Addr>,
-    used: HashSet<Ipv4Addr>,
-}
-
-impl PoolAlloc {
-    fn get_or_alloc(&mut self, key: &str, pool: IpPool) -> Result<Ipv4Addr> {
-        if let Some(ip) = self.by_key.get(key) {
-            return Ok(*ip);
-        }
-        let size = pool.size();
-        if size == 0 {
-            return Err(ProviderError::other(format!(
-                "ipPool {pool} has no addresses"
-            )));
-        }
-        // Start at a hash of the key so the address does not depend on the order of creation.
-        let start = (fnv1a(key.as_bytes()) % u64::from(size)) as u32;
-        for step in 0..size {
-            let ip = pool.nth((start + step) % size);
-            if self.used.insert(ip) {
-                self.by_key.insert(key.to_string(), ip);
-                return Ok(ip);
-            }
-        }
-        Err(ProviderError::other(format!(
-            "ipPool {pool} is exhausted ({size} load balancers)"
-        )))
-    }
-
-    /// Record the address of a load balancer loaded from a shared `cloud.json` (only addresses
-    /// of `pool` are the pool's to hand out and release).
-    pub(crate) fn restore(&mut self, key: &str, ip: Ipv4Addr, pool: IpPool) {
-        let offset = u64::from(u32::from(ip)).wrapping_sub(u64::from(u32::from(pool.network)));
-        if u32::from(ip) >= u32::from(pool.network)
-            && offset < 1u64 << (32 - u32::from(pool.prefix))
-        {
-            self.by_key.insert(key.to_string(), ip);
-            self.used.insert(ip);
-        }
-    }
-
-    fn release(&mut self, key: &str) {
-        if let Some(ip) = self.by_key.remove(key) {
-            self.used.remove(&ip);
-        }
-    }
 }
 
 fn host_names(nodes: &[Node]) -> Vec<String> {

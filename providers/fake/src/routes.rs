@@ -2,63 +2,13 @@
 
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::cloud::{lock, FakeCloud};
-use crate::config::{AddressConfig, RouteConfig};
-
-/// (target node, destination CIDR): at most one route each per cluster.
-pub(crate) type RouteKey = (String, String);
-
-/// A route of the fake cloud (as in `cloud.json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RouteRecord {
-    /// `<cluster>-<node>-<cidr>` for routes created through `CreateRoute`.
-    pub name: String,
-    /// The cluster it belongs to.
-    pub cluster: String,
-    /// Node name.
-    pub target_node: String,
-    /// Pod CIDR.
-    #[serde(rename = "destinationCIDR")]
-    pub destination_cidr: String,
-    /// The route's target is gone.
-    #[serde(default)]
-    pub blackhole: bool,
-    /// Addresses of the target node when the route was created.
-    #[serde(default)]
-    pub target_node_addresses: Vec<AddressConfig>,
-    /// The name hint given to `CreateRoute` (the node UID).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name_hint: String,
-}
-
-/// Upstream fake's route name.
-pub fn route_name(cluster: &str, node: &str, cidr: &str) -> String {
-    format!("{cluster}-{node}-{cidr}")
-}
+use crate::config::AddressConfig;
+use crate::control::{route_name, RouteRecord};
 
 impl RouteRecord {
-    pub(crate) fn from_seed(seed: &RouteConfig) -> Self {
-        Self {
-            name: seed.name.clone().unwrap_or_else(|| {
-                route_name(&seed.cluster, &seed.target_node, &seed.destination_cidr)
-            }),
-            cluster: seed.cluster.clone(),
-            target_node: seed.target_node.clone(),
-            destination_cidr: seed.destination_cidr.clone(),
-            blackhole: seed.blackhole,
-            target_node_addresses: seed.target_node_addresses.clone(),
-            name_hint: String::new(),
-        }
-    }
-
-    pub(crate) fn key(&self) -> RouteKey {
-        (self.target_node.clone(), self.destination_cidr.clone())
-    }
-
     fn to_route(&self, with_addresses: bool) -> Route {
         Route {
             name: self.name.clone(),
