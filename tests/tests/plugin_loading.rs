@@ -152,12 +152,23 @@ fn registration_problems_name_the_files() {
         .with(libs::MISBEHAVING, "d-panic-in-register.so")
         .with(libs::MISBEHAVING, "e-registers-nothing.so");
     let registry = load(dir.path());
+    // A name registered by two files is refused for both, naming both (upstream: fatal); the
+    // files' other providers stay.
     let dup = refused_reason(&registry, "b-duplicate.so");
     assert!(
-        dup.contains("provider \"fake\" is already registered by"),
+        dup.starts_with("provider \"fake\" is registered by "),
         "{dup}"
     );
-    assert!(dup.contains("a-fake.so"), "names the first file: {dup}");
+    assert!(
+        dup.contains("a-fake.so") && dup.contains("b-duplicate.so"),
+        "names both files: {dup}"
+    );
+    assert_eq!(refused_reason(&registry, "a-fake.so"), dup);
+    let selected = registry
+        .create("fake", None, &ProviderOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(selected, dup, "selecting the duplicated name is fatal");
     assert!(refused_reason(&registry, "c-empty-name.so").contains("invalid provider name \"\""));
     let panic = refused_reason(&registry, "d-panic-in-register.so");
     assert_eq!(
@@ -165,7 +176,90 @@ fn registration_problems_name_the_files() {
         "its register function failed: provider panicked in plugin registration: fixture panic in register"
     );
     assert!(refused_reason(&registry, "e-registers-nothing.so").contains("registered no providers"));
-    assert_eq!(provider_names(&registry), ["fake", "fake-v1"]);
+    assert_eq!(provider_names(&registry), ["fake-v1"]);
+}
+
+/// The loader opens each file once and loads exactly what it checked: a symlink swapped
+/// between a good plugin and a refused one while loading never gets the refused one loaded.
+#[test]
+fn a_symlink_swapped_during_loading_never_loads_the_refused_target() {
+    let dir = PluginDir::new();
+    let targets = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(targets.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let good = targets.path().join("good.so");
+    let evil = targets.path().join("evil.so");
+    std::fs::copy(built_plugin(libs::FAKE), &good).unwrap();
+    std::fs::copy(built_plugin(libs::MISBEHAVING), &evil).unwrap();
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Refused by the checks: anyone may write it.
+    std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let link = dir.path().join("plugin.so");
+    std::os::unix::fs::symlink(&good, &link).unwrap();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, link, dir) = (stop.clone(), link.clone(), dir.path().to_path_buf());
+        let (good, evil) = (good.clone(), evil.clone());
+        std::thread::spawn(move || {
+            let tmp = dir.join("swap.tmp");
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let target = if swaps.is_multiple_of(2) { &evil } else { &good };
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(target, &tmp).unwrap();
+                std::fs::rename(&tmp, &link).unwrap();
+                swaps += 1;
+                std::thread::yield_now();
+            }
+            swaps
+        })
+    };
+    let (mut good_loads, mut refusals) = (0, 0);
+    for _ in 0..200 {
+        let registry = load(dir.path());
+        let names = provider_names(&registry);
+        assert!(
+            !names.iter().any(|n| n == "misbehaving"),
+            "the world-writable target was loaded: {names:?}"
+        );
+        if names.iter().any(|n| n == "fake") {
+            good_loads += 1;
+        } else {
+            refusals += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    println!(
+        "200 loads during {swaps} swaps: {good_loads} of the good plugin, {refusals} refusals"
+    );
+    assert!(
+        swaps > 100,
+        "the link was swapped while loading ({swaps} swaps)"
+    );
+}
+
+#[test]
+fn parent_directories_are_checked_like_sudo_does() {
+    let outer = tempfile::tempdir().unwrap();
+    // Writable by others without the sticky bit: anyone could replace the plugin directory.
+    std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let plugins = outer.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::copy(built_plugin(libs::FAKE), plugins.join("fake.so")).unwrap();
+    let registry = load(&plugins);
+    let reason = refused_reason(&registry, "fake.so");
+    assert!(
+        reason.contains(&format!(
+            "the directory {} is writable by group or others (mode 777)",
+            outer.path().display()
+        )),
+        "{reason}"
+    );
+    // The sticky bit (as on /tmp) makes it safe: only owners may rename or delete entries.
+    std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    assert_eq!(provider_names(&load(&plugins)), ["fake", "fake-v1"]);
 }
 
 #[test]

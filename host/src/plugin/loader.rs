@@ -2,7 +2,8 @@
 //! checks, then the plugin's `register` entry function.
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use abi_stable::library::{AbiHeaderRef, LibraryError, ROOT_MODULE_LOADER_NAME_WITH_NUL};
@@ -84,33 +85,122 @@ fn ownership_problem(meta: &fs::Metadata) -> Option<String> {
     None
 }
 
-/// Load and register one plugin; `Err` is the one-line reason it was refused.
-#[allow(unsafe_code)] // dlopen and reading the plugin's exported symbols
-pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, String> {
-    let meta = fs::metadata(path).map_err(|e| format!("cannot read the file: {e}"))?;
+/// How long a plugin's `register` may take. It only registers factories, so anything longer
+/// is a plugin that hangs: it is refused and the host starts (and stops) without it.
+const REGISTER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Run `f` on a thread of its own and wait at most `deadline`: `None` when it did not return
+/// (the thread is left behind; the process can still exit).
+fn with_deadline<T: Send + 'static>(
+    deadline: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ccm-plugin-register".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .ok()?;
+    rx.recv_timeout(deadline).ok()
+}
+
+/// Open the plugin file for loading: the path resolved once (symlinks followed), the final
+/// file opened without following a symlink, its owner and mode checked on the open descriptor,
+/// and every directory above it checked as sudo and ssh do (owned by root or the current user,
+/// not writable by group or others unless sticky). With `allow_insecure` each problem is a
+/// warning instead of a refusal.
+fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String> {
+    let resolved = fs::canonicalize(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&resolved)
+        .map_err(|e| format!("cannot open {}: {e}", resolved.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read the file: {e}"))?;
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
-    if !options.allow_insecure {
-        if let Some(problem) = ownership_problem(&meta) {
-            return Err(format!(
-                "refusing to load: the file {problem}; fix it (chmod go-w / chown) or pass --allow-insecure-plugins"
-            ));
+    let mut problems = Vec::new();
+    if let Some(problem) = ownership_problem(&meta) {
+        let target = if resolved == path {
+            "the file".to_string()
+        } else {
+            format!("its target {}", resolved.display())
+        };
+        problems.push(format!("{target} {problem}"));
+    }
+    for dir in resolved.ancestors().skip(1) {
+        let dir_meta =
+            fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        if let Some(problem) = directory_problem(&dir_meta) {
+            problems.push(format!("the directory {} {problem}", dir.display()));
         }
     }
-    check_elf(path)?;
+    if problems.is_empty() {
+        return Ok(file);
+    }
+    if options.allow_insecure {
+        for problem in &problems {
+            tracing::warn!(plugin = %path.display(), "loading anyway (--allow-insecure-plugins): {problem}");
+        }
+        return Ok(file);
+    }
+    Err(format!(
+        "refusing to load: {}; fix it (chmod go-w / chown) or pass --allow-insecure-plugins",
+        problems.join("; ")
+    ))
+}
 
+/// A directory above a plugin is unsafe when someone other than root or the current user could
+/// replace what it holds: another owner, or writable by group/others without the sticky bit.
+#[allow(unsafe_code)] // geteuid
+fn directory_problem(meta: &fs::Metadata) -> Option<String> {
+    let mode = meta.permissions().mode();
+    let sticky = mode & 0o1000 != 0;
+    if mode & 0o022 != 0 && !sticky {
+        return Some(format!(
+            "is writable by group or others (mode {:o})",
+            mode & 0o7777
+        ));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != 0 && meta.uid() != me {
+        return Some(format!(
+            "is owned by uid {}, neither root nor the current user (uid {me})",
+            meta.uid()
+        ));
+    }
+    None
+}
+
+/// Load and register one plugin; `Err` is the one-line reason it was refused.
+#[allow(unsafe_code)] // dlopen and reading the plugin's exported symbols
+pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, String> {
+    let file = open_checked(path, options)?;
+    check_elf(&file)?;
+
+    // Load exactly the file that was checked: through its open descriptor, so that a path
+    // swapped after the checks (a symlink, a rename) cannot substitute another library.
     // RTLD_NOW: a missing shared-library dependency or symbol fails here, at start-up, with the
     // path, rather than at the first call. RTLD_LOCAL: plugins cannot see each other's symbols.
-    // SAFETY: loading a library runs its initialisers; plugins are trusted code once they pass
-    // the permission checks above (the same trust as any binary the host runs).
+    let fd_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    // SAFETY: loading a library runs its initialisers (ELF constructors) before any check of
+    // its contents: the permission checks above are the trust boundary (docs/writing-a-provider.md).
     let library = unsafe {
         libloading::os::unix::Library::open(
-            Some(path),
+            Some(&fd_path),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
         )
     }
     .map_err(|e| format!("cannot be loaded as a shared library: {}", dl_reason(&e)))?;
+    // The dynamic loader knows this library by the name /proc/self/fd/N and would hand it out
+    // again for a later dlopen of the same name: keep the descriptor (and so the number) for
+    // the life of the process, as the library itself is never unloaded.
+    std::mem::forget(file);
 
     // SAFETY: the symbol, when present, is abi_stable's `AbiHeaderRef` static; its type is
     // verified by `upgrade` (abi_stable version + C ABI self-tests) before anything else is read.
@@ -181,13 +271,27 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
             let ext_module = check_ext_v1_1(path, ext_fn())?;
             abi_version = ext_module.abi_version().to_string();
             check_version(&abi_version)?;
-            (ext_module.register())(registrar.to_abi_v1_1())
+            let (register, abi) = (ext_module.register(), registrar.to_abi_v1_1());
+            with_deadline(REGISTER_DEADLINE, move || register(abi))
         }
-        None => (module.register())(registrar.to_abi()),
+        None => {
+            let (register, abi) = (module.register(), registrar.to_abi());
+            with_deadline(REGISTER_DEADLINE, move || register(abi))
+        }
     };
     let registrations = registrar.take();
-    if let Err(e) = result.into_result() {
-        return Err(format!("its register function failed: {e}"));
+    match result {
+        None => {
+            return Err(format!(
+                "its register function did not return within {REGISTER_DEADLINE:?} (it is left \
+                 running on its own thread; the plugin is not used)"
+            ))
+        }
+        Some(r) => {
+            if let Err(e) = r.into_result() {
+                return Err(format!("its register function failed: {e}"));
+            }
+        }
     }
     Ok(Loaded {
         info: LoadedPlugin {
@@ -229,14 +333,48 @@ fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Re
 
 /// Validate the ELF header and program headers before `dlopen`: the dynamic loader maps
 /// segments straight from the file, so a truncated library would crash the host with SIGBUS
-/// instead of failing cleanly.
-fn check_elf(path: &Path) -> Result<(), String> {
-    let bytes = fs::read(path).map_err(|e| format!("cannot read the file: {e}"))?;
-    check_elf_bytes(&bytes).map_err(|why| format!("is not a ccm-host provider plugin ({why})"))
+/// instead of failing cleanly. Reads only the header and the program header table from the
+/// open file (a 1 GiB file costs two small reads, not 1 GiB of memory).
+fn check_elf(file: &fs::File) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let len = file
+        .metadata()
+        .map_err(|e| format!("cannot read the file: {e}"))?
+        .len();
+    let mut read = |offset: u64, size: usize| -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; size];
+        let mut filled = 0;
+        while filled < size {
+            match file.read_at(&mut buf[filled..], offset + filled as u64)? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        buf.truncate(filled);
+        Ok(buf)
+    };
+    check_elf_with(len, &mut read)
+        .map_err(|why| format!("is not a ccm-host provider plugin ({why})"))
 }
 
+/// [`check_elf`] over an in-memory file (tests).
+#[cfg(test)]
 fn check_elf_bytes(b: &[u8]) -> Result<(), String> {
+    let mut read = |offset: u64, size: usize| -> std::io::Result<Vec<u8>> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(b.len());
+        Ok(b[start..(start + size).min(b.len())].to_vec())
+    };
+    check_elf_with(b.len() as u64, &mut read)
+}
+
+/// The ELF checks, reading `size` bytes at `offset` of a file of `len` bytes through `read`.
+fn check_elf_with(
+    len: u64,
+    read: &mut dyn FnMut(u64, usize) -> std::io::Result<Vec<u8>>,
+) -> Result<(), String> {
     const HEADER: usize = 64;
+    let io = |e: std::io::Error| format!("cannot read the file: {e}");
+    let b = read(0, HEADER).map_err(io)?;
     if b.len() < 4 || &b[..4] != b"\x7fELF" {
         return Err(if b.len() < 4 {
             "file too short to be a shared library".into()
@@ -250,17 +388,18 @@ fn check_elf_bytes(b: &[u8]) -> Result<(), String> {
     if b[4] != 2 || b[5] != 1 {
         return Err("not a 64-bit little-endian ELF file".into());
     }
-    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-    let u64_at = |o: usize| {
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let u64_at = |b: &[u8], o: usize| {
         let mut a = [0u8; 8];
         a.copy_from_slice(&b[o..o + 8]);
         u64::from_le_bytes(a)
     };
-    let e_type = u16_at(16);
+    let e_type = u16_at(&b, 16);
     if e_type != 3 {
         return Err(format!("not a shared library (ELF type {e_type})"));
     }
-    let machine = u16_at(18);
+    let machine = u16_at(&b, 18);
     let expected = if cfg!(target_arch = "x86_64") {
         Some(62)
     } else if cfg!(target_arch = "aarch64") {
@@ -275,19 +414,33 @@ fn check_elf_bytes(b: &[u8]) -> Result<(), String> {
             ));
         }
     }
-    let len = b.len() as u64;
-    let (phoff, phentsize, phnum) = (u64_at(32), u64::from(u16_at(54)), u64::from(u16_at(56)));
-    let table_end = phoff.checked_add(phentsize.saturating_mul(phnum));
+    let (phoff, phentsize, phnum) = (
+        u64_at(&b, 32),
+        u64::from(u16_at(&b, 54)),
+        u64::from(u16_at(&b, 56)),
+    );
+    let table_size = phentsize.saturating_mul(phnum);
+    let table_end = phoff.checked_add(table_size);
     if phentsize < 56 || table_end.is_none_or(|end| end > len) {
         return Err(format!(
             "truncated or corrupt: program headers lie outside the {len}-byte file"
         ));
     }
+    // At most 65,535 entries of a few dozen bytes: a few MiB in the worst case.
+    let table = read(
+        phoff,
+        usize::try_from(table_size).map_err(|_| "corrupt program header table")?,
+    )
+    .map_err(io)?;
+    if (table.len() as u64) < table_size {
+        return Err(format!(
+            "truncated or corrupt: program headers lie outside the {len}-byte file"
+        ));
+    }
     for i in 0..phnum {
-        let ph =
-            usize::try_from(phoff + i * phentsize).map_err(|_| "corrupt program header offset")?;
-        let p_type = u32::from_le_bytes([b[ph], b[ph + 1], b[ph + 2], b[ph + 3]]);
-        let (offset, filesz) = (u64_at(ph + 8), u64_at(ph + 32));
+        let ph = usize::try_from(i * phentsize).map_err(|_| "corrupt program header offset")?;
+        let p_type = u32_at(&table, ph);
+        let (offset, filesz) = (u64_at(&table, ph + 8), u64_at(&table, ph + 32));
         if p_type == 1 && offset.checked_add(filesz).is_none_or(|end| end > len) {
             return Err(format!(
                 "truncated: a loadable segment ends at byte {} but the file has {len} bytes",
@@ -298,16 +451,22 @@ fn check_elf_bytes(b: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The dynamic loader's own reason (libloading's `Display` is only "dlopen failed"; dlerror's
+/// text is the error's source), without the path it repeats.
 fn dl_reason(e: &libloading::Error) -> String {
-    let text = e.to_string();
-    // dlerror repeats the path; keep what follows it.
-    match text.rsplit_once(": ") {
-        Some((_, tail)) if !tail.is_empty() => tail.to_string(),
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text = s.to_string();
+        source = s.source();
+    }
+    // dlerror starts with the path it was given (here /proc/self/fd/N); keep what follows it.
+    match text.split_once(": ") {
+        Some((path, tail)) if path.starts_with('/') && !tail.is_empty() => tail.to_string(),
         _ => text,
     }
 }
 
-/// The oldest ABI version this host accepts: same major, same or newer minor.
 /// This host's ABI version: (major, minor) of the ccm-provider-abi it was built with.
 fn host_abi() -> (u32, u32) {
     parse_version(ccm_provider_abi::ABI_VERSION).expect("own version parses")

@@ -83,6 +83,36 @@ pub struct PluginRegistry {
     plugins: Vec<LoadedPlugin>,
     refused: Vec<RefusedPlugin>,
     providers: BTreeMap<String, ProviderRegistration>,
+    /// Provider names registered by more than one file: refused for all of them.
+    duplicates: BTreeMap<String, Vec<PathBuf>>,
+}
+
+/// The longest provider name accepted (names are flag values and metric labels).
+pub const MAX_PROVIDER_NAME: usize = 128;
+
+/// A provider name must be a short, printable word.
+fn check_provider_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "the plugin registered an invalid provider name {name:?} (empty or containing spaces)"
+        ));
+    }
+    if name.len() > MAX_PROVIDER_NAME {
+        return Err(format!(
+            "the plugin registered a provider name of {} bytes (at most {MAX_PROVIDER_NAME}): {:?}…",
+            name.len(),
+            name.chars().take(32).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+fn duplicate_reason(name: &str, files: &[PathBuf]) -> String {
+    let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    format!(
+        "provider {name:?} is registered by {}; it is refused for all of them: remove all but one",
+        files.join(" and ")
+    )
 }
 
 /// Errors that stop the host: the selected provider cannot be had.
@@ -145,33 +175,42 @@ impl PluginRegistry {
         if loaded.registrations.is_empty() {
             return refuse(self, "the plugin registered no providers".to_string());
         }
-        let mut seen = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (name, _) in &loaded.registrations {
-            if name.trim().is_empty() || name.chars().any(char::is_whitespace) {
-                return refuse(
-                    self,
-                    format!("the plugin registered an invalid provider name {name:?} (empty or containing spaces)"),
-                );
+            if let Err(why) = check_provider_name(name) {
+                return refuse(self, why);
             }
-            if let Some(existing) = self.providers.get(name) {
-                return refuse(
-                    self,
-                    format!(
-                        "provider {name:?} is already registered by {}; remove one of the two files",
-                        existing.plugin_path.display()
-                    ),
-                );
-            }
-            if seen.contains(name) {
+            if !seen.insert(name.as_str()) {
                 return refuse(
                     self,
                     format!("the plugin registered provider {name:?} twice"),
                 );
             }
-            seen.push(name.clone());
         }
         let mut info = loaded.info;
         for (name, factory) in loaded.registrations {
+            // A name registered by two files is refused for both (upstream: fatal): which one
+            // would run must never depend on file names sorting.
+            if let Some(files) = self.duplicates.get_mut(&name) {
+                files.push(info.path.clone());
+                refuse(self, duplicate_reason(&name, &self.duplicates[&name]));
+                continue;
+            }
+            if let Some(existing) = self.providers.remove(&name) {
+                let files = vec![existing.plugin_path.clone(), info.path.clone()];
+                let reason = duplicate_reason(&name, &files);
+                tracing::error!(plugin = %existing.plugin_path.display(), "refused provider: {reason}");
+                self.refused.push(RefusedPlugin {
+                    path: existing.plugin_path.clone(),
+                    reason: reason.clone(),
+                });
+                for p in &mut self.plugins {
+                    p.providers.retain(|n| n != &name);
+                }
+                refuse(self, reason);
+                self.duplicates.insert(name, files);
+                continue;
+            }
             info.providers.push(name.clone());
             self.providers.insert(
                 name.clone(),
@@ -181,6 +220,9 @@ impl PluginRegistry {
                     factory: Arc::new(factory),
                 },
             );
+        }
+        if info.providers.is_empty() {
+            return;
         }
         tracing::info!(
             plugin = %info.path.display(),
@@ -221,6 +263,9 @@ impl PluginRegistry {
         config: Option<&[u8]>,
         options: &crate::provider::ProviderOptions,
     ) -> Result<crate::provider::Provider, SelectError> {
+        if let Some(files) = self.duplicates.get(name) {
+            return Err(SelectError::Unknown(duplicate_reason(name, files)));
+        }
         let Some(reg) = self.providers.get(name) else {
             return Err(SelectError::Unknown(self.unknown_provider_message(name)));
         };
