@@ -209,12 +209,14 @@ impl AwsConfig {
                         line,
                         "section [ServiceOverride] needs a label, as in [ServiceOverride \"1\"]",
                     )),
-                    _ => return Err(bad(
-                        line,
-                        format!(
+                    _ => {
+                        return Err(bad(
+                            line,
+                            format!(
                             "unknown section [{inner}] (known: [Global], [ServiceOverride \"N\"])"
                         ),
-                    )),
+                        ))
+                    }
                 });
                 continue;
             }
@@ -370,12 +372,14 @@ impl AwsConfig {
                 "profile" => self.profile = text(value),
                 other => match IGNORED_GLOBAL.iter().find(|(k, _)| *k == other) {
                     Some((_, why)) => self.ignored.push(format!("{key} (line {line}): {why}")),
-                    None => return Err(bad(
-                        line,
-                        format!(
+                    None => {
+                        return Err(bad(
+                            line,
+                            format!(
                             "unknown key {key:?} in [Global] (docs/aws-provider.md lists the keys)"
                         ),
-                    )),
+                        ))
+                    }
                 },
             }
         }

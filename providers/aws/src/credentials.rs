@@ -97,7 +97,11 @@ impl CredentialSource {
     }
 
     /// Fixed credentials, no chain (tools and tests that talk to an emulator).
-    pub fn from_static(access_key_id: &str, secret_access_key: &str, http: SharedHttpClient) -> Self {
+    pub fn from_static(
+        access_key_id: &str,
+        secret_access_key: &str,
+        http: SharedHttpClient,
+    ) -> Self {
         let creds = Credentials::new(access_key_id, secret_access_key, None, None, "static");
         Self {
             settings: CredentialSettings::default(),

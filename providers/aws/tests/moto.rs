@@ -11,9 +11,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ccm_host::controllers::node::NodeController;
-use ccm_host::controllers::{node, node_lifecycle, route, service, ControllerConfig};
-use ccm_provider_abi::ErrorKind;
+use ccm_host::controllers::{node, node_lifecycle, service, ControllerConfig};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
@@ -40,23 +38,34 @@ async fn nodes_are_initialised_from_moto_instances() {
     let env = AwsEnv::start(moto.moto).await;
     let mut instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
     instances.extend(run_instances(&env.api, &env.cloud, 1, 1, "t3.small").await);
-    let names: Vec<String> = instances.iter().map(|i| env.seed_node(i, true, json!({}))).collect();
+    let names: Vec<String> = instances
+        .iter()
+        .map(|i| env.seed_node(i, true, json!({})))
+        .collect();
     let ctx = env.context(cfg());
     assert!(ctx.nodes.wait_synced().await);
     tokio::spawn(node::run(ctx.clone()));
 
     for (i, name) in instances.iter().zip(&names) {
         let n = eventually(&format!("node {name} initialised"), WAIT, || {
-            env.node(name).filter(|n| !taint_keys(n).contains(&UNINITIALIZED.to_string()))
+            env.node(name)
+                .filter(|n| !taint_keys(n).contains(&UNINITIALIZED.to_string()))
         })
         .await;
-        assert_eq!(n["spec"]["providerID"], format!("aws:///{}/{}", i.zone, i.id));
+        assert_eq!(
+            n["spec"]["providerID"],
+            format!("aws:///{}/{}", i.zone, i.id)
+        );
         let l = labels(&n);
         assert_eq!(l["node.kubernetes.io/instance-type"], i.instance_type);
         assert_eq!(l["topology.kubernetes.io/zone"], i.zone);
         assert_eq!(l["topology.kubernetes.io/region"], REGION);
         // moto's zone IDs for us-east-1a / 1b.
-        let zone_id = if i.zone == "us-east-1a" { "use1-az6" } else { "use1-az1" };
+        let zone_id = if i.zone == "us-east-1a" {
+            "use1-az6"
+        } else {
+            "use1-az1"
+        };
         assert_eq!(l["topology.k8s.aws/zone-id"], zone_id);
         let private_ip = i.private_ip.clone().unwrap();
         let dns = i.private_dns.clone().unwrap();
@@ -72,6 +81,338 @@ async fn nodes_are_initialised_from_moto_instances() {
         assert_eq!(addresses(&n), want, "node {name}");
     }
     // Initialisation used DescribeInstances (by private DNS name) and one zone listing.
-    assert_eq!(env.proxy.count("DescribeAvailabilityZones"), 1, "{:?}", env.proxy.counts());
-    assert!(env.proxy.count("DescribeInstances") >= 3, "{:?}", env.proxy.counts());
+    assert_eq!(
+        env.proxy.count("DescribeAvailabilityZones"),
+        1,
+        "{:?}",
+        env.proxy.counts()
+    );
+    assert!(
+        env.proxy.count("DescribeInstances") >= 3,
+        "{:?}",
+        env.proxy.counts()
+    );
+}
+
+// ---- Node lifecycle ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_instance_is_tainted_and_a_terminated_one_deletes_its_node() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 3, 0, "m5.large").await;
+    // Initialised nodes that are NotReady (the lifecycle controller looks only at those).
+    let names: Vec<String> = instances
+        .iter()
+        .map(|i| {
+            env.seed_node(
+                i,
+                false,
+                json!({"spec": {"taints": [], "providerID": format!("aws:///{}/{}", i.zone, i.id)}}),
+            )
+        })
+        .collect();
+    ec2(
+        &env.api,
+        "StopInstances",
+        &[("InstanceId.1", &instances[0].id)],
+    )
+    .await;
+    ec2(
+        &env.api,
+        "TerminateInstances",
+        &[("InstanceId.1", &instances[1].id)],
+    )
+    .await;
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    tokio::spawn(node_lifecycle::run(ctx.clone()));
+
+    let stopped = eventually(
+        "shutdown taint on the stopped instance's node",
+        WAIT,
+        || {
+            env.node(&names[0])
+                .filter(|n| taint_keys(n).contains(&SHUTDOWN_TAINT.to_string()))
+        },
+    )
+    .await;
+    assert!(stopped["spec"]["providerID"]
+        .as_str()
+        .unwrap()
+        .ends_with(&instances[0].id));
+    eventually("the terminated instance's node deleted", WAIT, || {
+        env.node(&names[1]).is_none().then_some(())
+    })
+    .await;
+    // The running one stays, untainted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let running = env
+        .node(&names[2])
+        .expect("the running instance's node stays");
+    assert!(taint_keys(&running).is_empty(), "{running}");
+    assert!(
+        env.node(&names[0]).is_some(),
+        "a stopped instance still exists"
+    );
+}
+
+// ---- Load balancers ---------------------------------------------------------------------------
+
+fn lb_service(
+    name: &str,
+    annotations: serde_json::Value,
+    extra_spec: serde_json::Value,
+) -> Service {
+    let mut s = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": {"app": name},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080},
+                {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP", "nodePort": 30053},
+            ],
+        },
+    });
+    merge(&mut s, json!({"spec": extra_spec}));
+    serde_json::from_value(s).unwrap()
+}
+
+/// Initialised, Ready nodes for `instances`.
+fn ready_nodes(env: &AwsEnv, instances: &[ccm_provider_aws::api::ec2::Instance]) -> Vec<String> {
+    instances
+        .iter()
+        .map(|i| {
+            env.seed_node(
+                i,
+                true,
+                json!({"spec": {"taints": [], "providerID": format!("aws:///{}/{}", i.zone, i.id)}}),
+            )
+        })
+        .collect()
+}
+
+/// Wait until the targets of `arn` are exactly `want`.
+async fn wait_targets(env: &AwsEnv, arn: &str, want: &BTreeSet<String>, what: &str) {
+    let started = std::time::Instant::now();
+    loop {
+        let now: BTreeSet<String> = env
+            .api
+            .targets_of(arn)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        if now == *want {
+            return;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "timed out waiting for: {what} (targets {now:?}, want {want:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn lb_name_of(svc: &Service) -> String {
+    ccm_provider_aws::annotations::load_balancer_name(svc)
+}
+
+async fn stored_service(env: &AwsEnv, name: &str) -> Service {
+    Api::<Service>::namespaced(env.client.clone(), "default")
+        .get(name)
+        .await
+        .expect("service stored")
+}
+
+fn ingress_hostname(svc: &Service) -> Option<String> {
+    svc.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .hostname
+        .clone()
+}
+
+/// `(load balancers, target groups)` of the account that carry the cluster's tag.
+async fn tagged_resources(env: &AwsEnv) -> (Vec<String>, Vec<String>) {
+    let lbs = all(
+        &elb(&env.api, "DescribeLoadBalancers", &[]).await,
+        "LoadBalancerArn",
+    );
+    let tgs: Vec<String> = env
+        .api
+        .all_target_groups()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.arn)
+        .collect();
+    let arns: Vec<String> = lbs.iter().chain(&tgs).cloned().collect();
+    let tags = env.api.describe_tags(&arns).await.unwrap();
+    let key = format!("kubernetes.io/cluster/{CLUSTER}");
+    let tagged = |a: &String| tags.get(a).is_some_and(|t| t.contains_key(&key));
+    (
+        lbs.iter().filter(|a| tagged(a)).cloned().collect(),
+        tgs.iter().filter(|a| tagged(a)).cloned().collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_service_becomes_an_nlb_that_follows_the_nodes_and_leaves_nothing_behind() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let mut instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    instances.extend(run_instances(&env.api, &env.cloud, 1, 1, "m5.large").await);
+    let names = ready_nodes(&env, &instances);
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &lb_service("web", json!({"service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags": "team=shop"}), json!({})),
+        )
+        .await
+        .unwrap();
+
+    let hostname = eventually_async("the Service's ingress hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "web").await)
+    })
+    .await;
+    let svc = stored_service(&env, "web").await;
+    let lb = env
+        .api
+        .describe_load_balancer(&lb_name_of(&svc))
+        .await
+        .unwrap()
+        .expect("the NLB exists");
+    assert_eq!(lb.dns_name, hostname);
+    assert_eq!(lb.lb_type, "network");
+    assert_eq!(lb.scheme, "internet-facing");
+    assert_eq!(lb.vpc_id, env.cloud.vpc);
+    let mut zones: Vec<String> = lb.zones.iter().map(|(z, _)| z.clone()).collect();
+    zones.sort();
+    assert_eq!(zones, ZONES.to_vec(), "one subnet per zone");
+
+    // One listener and one target group per port: instance targets on the NodePort, TCP
+    // health checks on the traffic port, ownership tags everywhere.
+    let listeners = env.api.listeners_of(&lb.arn).await.unwrap();
+    let mut ports: Vec<(u16, String)> = listeners
+        .iter()
+        .map(|l| (l.port, l.protocol.clone()))
+        .collect();
+    ports.sort();
+    assert_eq!(
+        ports,
+        vec![(53, "UDP".to_string()), (80, "TCP".to_string())]
+    );
+    let groups = env.api.target_groups_of(&lb.arn).await.unwrap();
+    assert_eq!(groups.len(), 2);
+    let ids: BTreeSet<String> = instances.iter().map(|i| i.id.clone()).collect();
+    for g in &groups {
+        let l = listeners
+            .iter()
+            .find(|l| l.target_group_arn.as_deref() == Some(g.arn.as_str()))
+            .expect("listener forwards to it");
+        let node_port = if l.port == 80 { 30080 } else { 30053 };
+        assert_eq!(g.port, node_port);
+        assert_eq!(g.protocol, l.protocol);
+        assert_eq!(g.hc_protocol, "TCP");
+        assert_eq!(g.hc_port, "traffic-port");
+        let targets = env.api.targets_of(&g.arn).await.unwrap();
+        assert_eq!(
+            targets
+                .iter()
+                .map(|t| t.id.clone())
+                .collect::<BTreeSet<_>>(),
+            ids
+        );
+        assert!(targets.iter().all(|t| t.port == node_port));
+    }
+    let mut arns = vec![lb.arn.clone()];
+    arns.extend(groups.iter().map(|g| g.arn.clone()));
+    for (arn, tags) in env.api.describe_tags(&arns).await.unwrap() {
+        assert_eq!(
+            tags.get(&format!("kubernetes.io/cluster/{CLUSTER}"))
+                .map(String::as_str),
+            Some("owned"),
+            "{arn}"
+        );
+        assert_eq!(
+            tags.get("kubernetes.io/service-name").map(String::as_str),
+            Some("default/web"),
+            "{arn}"
+        );
+        assert_eq!(tags.get("team").map(String::as_str), Some("shop"), "{arn}");
+    }
+    // The host-set read-back (ABI 1.1 load_balancer_hosts; the host does not call it yet, so
+    // through the crate in-process, with the same config).
+    let cloud = in_process(&env).await;
+    let hosts = tokio::task::spawn_blocking(move || {
+        use ccm_provider_abi::sdk::CloudProvider;
+        cloud.load_balancer().unwrap().load_balancer_hosts(
+            &ccm_provider_abi::CallContext::background(),
+            CLUSTER,
+            &svc,
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap()
+    .expect("the NLB exists");
+    let mut want_hosts = names.clone();
+    want_hosts.sort();
+    assert_eq!(hosts, want_hosts);
+
+    // A new node becomes a target; a node that goes away stops being one.
+    let more = run_instances(&env.api, &env.cloud, 1, 1, "m5.large").await;
+    ready_nodes(&env, &more);
+    let with_new: BTreeSet<String> = ids.iter().cloned().chain([more[0].id.clone()]).collect();
+    for g in &groups {
+        wait_targets(&env, &g.arn, &with_new, "the new node registered").await;
+    }
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .delete(&names[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    let without: BTreeSet<String> = with_new
+        .iter()
+        .filter(|id| **id != instances[0].id)
+        .cloned()
+        .collect();
+    for g in &groups {
+        wait_targets(&env, &g.arn, &without, "the deleted node deregistered").await;
+    }
+
+    // Deleting the Service deletes the NLB, its listeners and target groups.
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the Service gone (finalizer removed)", WAIT, || async {
+        services
+            .get_opt("web")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let (lbs, tgs) = tagged_resources(&env).await;
+    assert!(lbs.is_empty() && tgs.is_empty(), "leaked: {lbs:?} {tgs:?}");
+    assert!(env
+        .api
+        .describe_load_balancer(&lb.name)
+        .await
+        .unwrap()
+        .is_none());
 }

@@ -114,7 +114,10 @@ impl Moto {
                 break;
             }
             if started.elapsed() > Duration::from_secs(60) {
-                panic!("moto_server ({}) did not answer on {addr} within 60 s", bin.display());
+                panic!(
+                    "moto_server ({}) did not answer on {addr} within 60 s",
+                    bin.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -127,7 +130,8 @@ impl Moto {
 
     /// `POST /moto-api/reset`: every service's state wiped.
     pub fn reset(&self) {
-        let (status, body) = blocking_http(self.addr, "POST", "/moto-api/reset", "").expect("reset moto");
+        let (status, body) =
+            blocking_http(self.addr, "POST", "/moto-api/reset", "").expect("reset moto");
         assert_eq!(status, 200, "moto reset: {body}");
     }
 }
@@ -155,11 +159,19 @@ pub fn shared_moto() -> SharedMoto {
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let moto = SHARED.get_or_init(|| Moto::start(&[]));
     moto.reset();
-    SharedMoto { _guard: guard, moto }
+    SharedMoto {
+        _guard: guard,
+        moto,
+    }
 }
 
 /// One HTTP/1.1 exchange without keep-alive (setup and readiness checks).
-pub fn blocking_http(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+pub fn blocking_http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -170,7 +182,8 @@ pub fn blocking_http(addr: SocketAddr, method: &str, path: &str, body: &str) -> 
     )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
-    let (status, body) = split_response(&raw).ok_or_else(|| std::io::Error::other("bad HTTP response"))?;
+    let (status, body) =
+        split_response(&raw).ok_or_else(|| std::io::Error::other("bad HTTP response"))?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -179,9 +192,10 @@ fn split_response(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
     let head = std::str::from_utf8(&raw[..end]).ok()?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
     let body = &raw[end + 4..];
-    let chunked = head
-        .lines()
-        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked"));
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase().starts_with("transfer-encoding:")
+            && l.to_ascii_lowercase().contains("chunked")
+    });
     if !chunked {
         return Some((status, body.to_vec()));
     }
@@ -189,7 +203,8 @@ fn split_response(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
     let mut rest = body;
     loop {
         let line_end = rest.windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).ok()?.trim(), 16).ok()?;
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).ok()?.trim(), 16).ok()?;
         rest = &rest[line_end + 2..];
         if size == 0 {
             return Some((status, out));
@@ -279,7 +294,9 @@ impl Proxy {
 
     /// Delay every call by `d`.
     pub fn set_delay(&self, d: Duration) {
-        self.state.delay_ms.store(d.as_millis() as u32, Ordering::SeqCst);
+        self.state
+            .delay_ms
+            .store(d.as_millis() as u32, Ordering::SeqCst);
     }
 }
 
@@ -308,7 +325,8 @@ async fn read_request(conn: &mut TcpStream) -> std::io::Result<Option<(Vec<u8>, 
         .lines()
         .find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length").then(|| v.trim().parse().ok())?
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
         })
         .unwrap_or(0);
     while buf.len() < head_end + len {
@@ -331,7 +349,11 @@ async fn read_request(conn: &mut TcpStream) -> std::io::Result<Option<(Vec<u8>, 
     Ok(Some((head_bytes, body)))
 }
 
-async fn serve(mut conn: TcpStream, upstream: SocketAddr, st: Arc<ProxyState>) -> std::io::Result<()> {
+async fn serve(
+    mut conn: TcpStream,
+    upstream: SocketAddr,
+    st: Arc<ProxyState>,
+) -> std::io::Result<()> {
     let Some((head, body)) = read_request(&mut conn).await? else {
         return Ok(());
     };
@@ -392,7 +414,11 @@ pub fn direct_client(moto_url: &str) -> AwsClient {
 }
 
 pub fn client_for(url: &str, key: &str, secret: &str) -> AwsClient {
-    let creds = Arc::new(CredentialSource::from_static(key, secret, ccm_provider_aws::api::sdk_http_client()));
+    let creds = Arc::new(CredentialSource::from_static(
+        key,
+        secret,
+        ccm_provider_aws::api::sdk_http_client(),
+    ));
     let ep = |service, version| Endpoint {
         service,
         version,
@@ -400,7 +426,11 @@ pub fn client_for(url: &str, key: &str, secret: &str) -> AwsClient {
         signing_region: REGION.into(),
         signing_name: service.to_string(),
     };
-    AwsClient::new(creds, ep("ec2", "2016-11-15"), ep("elasticloadbalancing", "2015-12-01"))
+    AwsClient::new(
+        creds,
+        ep("ec2", "2016-11-15"),
+        ep("elasticloadbalancing", "2015-12-01"),
+    )
 }
 
 /// Call an EC2 action, return the body; panics on an error (setup).
@@ -410,7 +440,9 @@ pub async fn ec2(api: &AwsClient, action: &str, params: &[(&str, &str)]) -> Stri
         p.set(*k, *v);
     }
     let ep = api.ec2.clone();
-    api.call(&ep, action, &p).await.unwrap_or_else(|e| panic!("{action}: {e}"))
+    api.call(&ep, action, &p)
+        .await
+        .unwrap_or_else(|e| panic!("{action}: {e}"))
 }
 
 /// Call an ELBv2 action, return the body; panics on an error.
@@ -420,12 +452,17 @@ pub async fn elb(api: &AwsClient, action: &str, params: &[(&str, &str)]) -> Stri
         p.set(*k, *v);
     }
     let ep = api.elbv2.clone();
-    api.call(&ep, action, &p).await.unwrap_or_else(|e| panic!("{action}: {e}"))
+    api.call(&ep, action, &p)
+        .await
+        .unwrap_or_else(|e| panic!("{action}: {e}"))
 }
 
 /// The text of the first element named `name` in `xml`.
 pub fn first(xml: &str, name: &str) -> String {
-    all(xml, name).into_iter().next().unwrap_or_else(|| panic!("no <{name}> in {xml}"))
+    all(xml, name)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no <{name}> in {xml}"))
 }
 
 /// The texts of every element named `name` in `xml`.
@@ -449,15 +486,32 @@ pub struct Cloud {
 /// A VPC with one public subnet per zone (tagged for the cluster and for internet-facing
 /// load balancers, public IPs on launch), an internet gateway and a cluster-tagged route table.
 pub async fn make_cloud(api: &AwsClient) -> Cloud {
-    let vpc = first(&ec2(api, "CreateVpc", &[("CidrBlock", "10.0.0.0/16")]).await, "vpcId");
+    let vpc = first(
+        &ec2(api, "CreateVpc", &[("CidrBlock", "10.0.0.0/16")]).await,
+        "vpcId",
+    );
     let mut subnets = Vec::new();
     for (i, zone) in ZONES.iter().enumerate() {
         let cidr = format!("10.0.{}.0/24", i + 1);
         let id = first(
-            &ec2(api, "CreateSubnet", &[("VpcId", &vpc), ("CidrBlock", &cidr), ("AvailabilityZone", zone)]).await,
+            &ec2(
+                api,
+                "CreateSubnet",
+                &[
+                    ("VpcId", &vpc),
+                    ("CidrBlock", &cidr),
+                    ("AvailabilityZone", zone),
+                ],
+            )
+            .await,
             "subnetId",
         );
-        ec2(api, "ModifySubnetAttribute", &[("SubnetId", &id), ("MapPublicIpOnLaunch.Value", "true")]).await;
+        ec2(
+            api,
+            "ModifySubnetAttribute",
+            &[("SubnetId", &id), ("MapPublicIpOnLaunch.Value", "true")],
+        )
+        .await;
         let cluster_tag = format!("kubernetes.io/cluster/{CLUSTER}");
         ec2(
             api,
@@ -475,15 +529,49 @@ pub async fn make_cloud(api: &AwsClient) -> Cloud {
         .await;
         subnets.push((zone.to_string(), id));
     }
-    let igw = first(&ec2(api, "CreateInternetGateway", &[]).await, "internetGatewayId");
-    ec2(api, "AttachInternetGateway", &[("InternetGatewayId", &igw), ("VpcId", &vpc)]).await;
-    let rtb = first(&ec2(api, "CreateRouteTable", &[("VpcId", &vpc)]).await, "routeTableId");
-    ec2(api, "CreateRoute", &[("RouteTableId", &rtb), ("DestinationCidrBlock", "0.0.0.0/0"), ("GatewayId", &igw)]).await;
+    let igw = first(
+        &ec2(api, "CreateInternetGateway", &[]).await,
+        "internetGatewayId",
+    );
+    ec2(
+        api,
+        "AttachInternetGateway",
+        &[("InternetGatewayId", &igw), ("VpcId", &vpc)],
+    )
+    .await;
+    let rtb = first(
+        &ec2(api, "CreateRouteTable", &[("VpcId", &vpc)]).await,
+        "routeTableId",
+    );
+    ec2(
+        api,
+        "CreateRoute",
+        &[
+            ("RouteTableId", &rtb),
+            ("DestinationCidrBlock", "0.0.0.0/0"),
+            ("GatewayId", &igw),
+        ],
+    )
+    .await;
     for (_, s) in &subnets {
-        ec2(api, "AssociateRouteTable", &[("RouteTableId", &rtb), ("SubnetId", s)]).await;
+        ec2(
+            api,
+            "AssociateRouteTable",
+            &[("RouteTableId", &rtb), ("SubnetId", s)],
+        )
+        .await;
     }
     let cluster_tag = format!("kubernetes.io/cluster/{CLUSTER}");
-    ec2(api, "CreateTags", &[("ResourceId.1", &rtb), ("Tag.1.Key", &cluster_tag), ("Tag.1.Value", "owned")]).await;
+    ec2(
+        api,
+        "CreateTags",
+        &[
+            ("ResourceId.1", &rtb),
+            ("Tag.1.Key", &cluster_tag),
+            ("Tag.1.Value", "owned"),
+        ],
+    )
+    .await;
     Cloud {
         vpc,
         subnets,
@@ -492,7 +580,13 @@ pub async fn make_cloud(api: &AwsClient) -> Cloud {
 }
 
 /// Run `n` cluster-tagged instances of `instance_type` in the subnet of `zone_index`.
-pub async fn run_instances(api: &AwsClient, cloud: &Cloud, n: usize, zone_index: usize, instance_type: &str) -> Vec<Instance> {
+pub async fn run_instances(
+    api: &AwsClient,
+    cloud: &Cloud,
+    n: usize,
+    zone_index: usize,
+    instance_type: &str,
+) -> Vec<Instance> {
     let subnet = &cloud.subnets[zone_index].1;
     let cluster_tag = format!("kubernetes.io/cluster/{CLUSTER}");
     let body = ec2(
@@ -516,9 +610,18 @@ pub async fn run_instances(api: &AwsClient, cloud: &Cloud, n: usize, zone_index:
 
 /// The instances `ids`, in that order.
 pub async fn describe(api: &AwsClient, ids: &[String]) -> Vec<Instance> {
-    let found = api.describe_instances(&[("instance-id", ids)]).await.expect("describe instances");
+    let found = api
+        .describe_instances(&[("instance-id", ids)])
+        .await
+        .expect("describe instances");
     ids.iter()
-        .map(|id| found.iter().find(|i| i.id == *id).cloned().unwrap_or_else(|| panic!("{id} not described")))
+        .map(|id| {
+            found
+                .iter()
+                .find(|i| i.id == *id)
+                .cloned()
+                .unwrap_or_else(|| panic!("{id} not described"))
+        })
         .collect()
 }
 
@@ -536,7 +639,10 @@ pub fn built_plugin() -> PathBuf {
             return candidate;
         }
     }
-    panic!("libccm_provider_aws.so was not built next to {}", deps.display());
+    panic!(
+        "libccm_provider_aws.so was not built next to {}",
+        deps.display()
+    );
 }
 
 /// The cloud config pointing EC2 and ELBv2 at `url`, credentials from `credentials_file`.
@@ -570,7 +676,11 @@ SigningRegion = {REGION}
 /// tools do).
 pub fn write_credentials(path: &Path, key: &str, secret: &str) {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, format!("[ccm]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n")).unwrap();
+    std::fs::write(
+        &tmp,
+        format!("[ccm]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"),
+    )
+    .unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
 
@@ -627,13 +737,20 @@ impl AwsEnv {
         let creds = dir.path().join("credentials");
         write_credentials(&creds, &opts.key.0, &opts.key.1);
         let config = cloud_config(&proxy.url(), &creds, &opts.extra_global);
-        let server = ApiServer::start().await.expect("in-memory API server starts");
+        let server = ApiServer::start()
+            .await
+            .expect("in-memory API server starts");
         let client = server.client();
         let plugins = dir.path().join("plugins");
         std::fs::create_dir(&plugins).unwrap();
         std::fs::copy(built_plugin(), plugins.join("libccm_provider_aws.so")).unwrap();
-        let registry = PluginRegistry::load_dirs(&[plugins], &LoaderOptions::default()).expect("plugin dir loads");
-        assert!(registry.refused().is_empty(), "aws plugin refused: {:?}", registry.refused());
+        let registry = PluginRegistry::load_dirs(&[plugins], &LoaderOptions::default())
+            .expect("plugin dir loads");
+        assert!(
+            registry.refused().is_empty(),
+            "aws plugin refused: {:?}",
+            registry.refused()
+        );
         let provider = registry
             .create(
                 "aws",
@@ -645,7 +762,11 @@ impl AwsEnv {
             )
             .expect("aws provider builds");
         provider
-            .initialize(HostServices::new(CLUSTER, Some(client.clone()), Arc::new(AtomicBool::new(false))))
+            .initialize(HostServices::new(
+                CLUSTER,
+                Some(client.clone()),
+                Arc::new(AtomicBool::new(false)),
+            ))
             .await
             .expect("aws provider initialises");
         let mut prom = Registry::default();
@@ -667,7 +788,14 @@ impl AwsEnv {
 
     /// A controller context with fresh shared informers (started now).
     pub fn context(&self, config: ControllerConfig) -> ControllerContext {
-        ControllerContext::new(&self.client, &self.provider, &self.metrics, config, "aws-test-host", &self.stop)
+        ControllerContext::new(
+            &self.client,
+            &self.provider,
+            &self.metrics,
+            config,
+            "aws-test-host",
+            &self.stop,
+        )
     }
 
     /// The provider's credentials file.
@@ -678,7 +806,10 @@ impl AwsEnv {
     /// Seed a kubelet-style Node for `instance` (named after its private DNS name): the
     /// uninitialised taint, Ready as given, plus `extra` merged in.
     pub fn seed_node(&self, instance: &Instance, ready: bool, extra: Value) -> String {
-        let name = instance.private_dns.clone().expect("instance has a private DNS name");
+        let name = instance
+            .private_dns
+            .clone()
+            .expect("instance has a private DNS name");
         let mut n = json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name},
@@ -701,6 +832,17 @@ impl AwsEnv {
     }
 }
 
+/// The provider built in this process from the environment's config (for the ABI 1.1
+/// methods the host does not call yet). Use it from a blocking thread.
+pub async fn in_process(env: &AwsEnv) -> ccm_provider_aws::AwsCloud {
+    let config = env.config.clone();
+    tokio::task::spawn_blocking(move || {
+        ccm_provider_aws::AwsCloud::new(Some(config.as_bytes())).expect("provider builds")
+    })
+    .await
+    .unwrap()
+}
+
 impl Drop for AwsEnv {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -719,7 +861,11 @@ pub fn merge(a: &mut Value, b: Value) {
 }
 
 /// Poll `check` until it returns `Some`, for at most `timeout`.
-pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+pub async fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
     let started = Instant::now();
     loop {
         if let Some(v) = check() {
@@ -757,7 +903,11 @@ pub fn labels(n: &Value) -> BTreeMap<String, String> {
 pub fn taint_keys(n: &Value) -> Vec<String> {
     n["spec"]["taints"]
         .as_array()
-        .map(|a| a.iter().map(|t| t["key"].as_str().unwrap_or_default().to_string()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|t| t["key"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -766,7 +916,13 @@ pub fn addresses(n: &Value) -> Vec<String> {
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|x| format!("{}={}", x["type"].as_str().unwrap_or_default(), x["address"].as_str().unwrap_or_default()))
+                .map(|x| {
+                    format!(
+                        "{}={}",
+                        x["type"].as_str().unwrap_or_default(),
+                        x["address"].as_str().unwrap_or_default()
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default()
