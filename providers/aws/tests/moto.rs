@@ -416,3 +416,241 @@ async fn a_load_balancer_service_becomes_an_nlb_that_follows_the_nodes_and_leave
         .unwrap()
         .is_none());
 }
+
+/// Events whose message contains `needle`.
+fn events_with(env: &AwsEnv, needle: &str) -> Vec<serde_json::Value> {
+    env.events()
+        .into_iter()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(needle)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotations_and_external_traffic_policy_local_shape_the_nlb() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 3, 0, "m5.large").await;
+    let names = ready_nodes(&env, &instances);
+    // Only two nodes carry the target label.
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    for n in &names[..2] {
+        nodes
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": {"role": "edge"}}})),
+            )
+            .await
+            .unwrap();
+    }
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let mut svc = lb_service(
+        "edge",
+        json!({
+            "service.beta.kubernetes.io/aws-load-balancer-internal": "true",
+            "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval": "30",
+            "service.beta.kubernetes.io/aws-load-balancer-healthcheck-timeout": "6",
+            "service.beta.kubernetes.io/aws-load-balancer-target-node-labels": "role=edge",
+            "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled": "true",
+        }),
+        json!({"externalTrafficPolicy": "Local", "healthCheckNodePort": 32100}),
+    );
+    svc.spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    eventually_async("the Service's ingress hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "edge").await)
+    })
+    .await;
+    let svc = stored_service(&env, "edge").await;
+    let lb = env
+        .api
+        .describe_load_balancer(&lb_name_of(&svc))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(lb.scheme, "internal");
+    let groups = env.api.target_groups_of(&lb.arn).await.unwrap();
+    assert_eq!(groups.len(), 1);
+    let g = &groups[0];
+    assert_eq!(
+        (
+            g.hc_protocol.as_str(),
+            g.hc_port.as_str(),
+            g.hc_path.as_deref(),
+            g.hc_interval,
+            g.hc_timeout
+        ),
+        ("HTTP", "32100", Some("/healthz"), Some(30), Some(6))
+    );
+    let want: BTreeSet<String> = instances[..2].iter().map(|i| i.id.clone()).collect();
+    wait_targets(&env, &g.arn, &want, "only the labelled nodes are targets").await;
+    let attrs = env.api.load_balancer_attributes(&lb.arn).await.unwrap();
+    assert_eq!(
+        attrs
+            .get("load_balancing.cross_zone.enabled")
+            .map(String::as_str),
+        Some("true")
+    );
+
+    // A port added to the Service gets its listener and target group; a port removed loses
+    // them (the group is deleted).
+    let mut updated = svc.clone();
+    updated.spec.as_mut().unwrap().ports = Some(vec![serde_json::from_value(
+        json!({"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP", "nodePort": 30443}),
+    )
+    .unwrap()]);
+    services
+        .replace("edge", &PostParams::default(), &updated)
+        .await
+        .unwrap();
+    eventually_async("the listener moves to port 443", WAIT, || async {
+        let l = env.api.listeners_of(&lb.arn).await.unwrap();
+        (l.len() == 1 && l[0].port == 443).then_some(())
+    })
+    .await;
+    eventually_async("the old target group deleted", WAIT, || async {
+        let groups = env.api.target_groups_of(&lb.arn).await.unwrap();
+        (groups.len() == 1 && groups[0].port == 30443).then_some(())
+    })
+    .await;
+    let all_groups = env.api.all_target_groups().await.unwrap();
+    assert_eq!(
+        all_groups.len(),
+        1,
+        "no orphan target group: {all_groups:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_or_unsupported_annotations_are_warnings_naming_the_key_without_aws_calls() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    env.proxy.clear_counts();
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let interval = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval";
+    let proxy_protocol = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+    services
+        .create(
+            &PostParams::default(),
+            &lb_service("bad-interval", json!({interval: "soon"}), json!({})),
+        )
+        .await
+        .unwrap();
+    services
+        .create(
+            &PostParams::default(),
+            &lb_service("old-style", json!({proxy_protocol: "*"}), json!({})),
+        )
+        .await
+        .unwrap();
+    let e = eventually(
+        "a Warning event naming the interval annotation",
+        WAIT,
+        || events_with(&env, interval).into_iter().next(),
+    )
+    .await;
+    assert_eq!(e["type"], "Warning");
+    assert!(e["message"].as_str().unwrap().contains("\"soon\""), "{e}");
+    let e = eventually(
+        "a Warning event naming the proxy-protocol annotation",
+        WAIT,
+        || events_with(&env, proxy_protocol).into_iter().next(),
+    )
+    .await;
+    assert!(
+        e["message"].as_str().unwrap().contains("proxy_protocol_v2"),
+        "{e}"
+    );
+    assert_eq!(
+        env.proxy.total(),
+        0,
+        "no AWS call for an invalid Service: {:?}",
+        env.proxy.counts()
+    );
+    assert!(ingress_hostname(&stored_service(&env, "bad-interval").await).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_this_cluster_did_not_create_is_left_alone() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let created = services
+        .create(
+            &PostParams::default(),
+            &lb_service("clash", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    // Someone else's NLB already has the name this Service's load balancer would get.
+    let name = lb_name_of(&created);
+    let body = elb(
+        &env.api,
+        "CreateLoadBalancer",
+        &[
+            ("Name", &name),
+            ("Type", "network"),
+            ("Subnets.member.1", &env.cloud.subnets[0].1),
+        ],
+    )
+    .await;
+    let foreign_arn = first(&body, "LoadBalancerArn");
+
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let e = eventually(
+        "a Warning event about the foreign load balancer",
+        WAIT,
+        || events_with(&env, "was not created by").into_iter().next(),
+    )
+    .await;
+    assert!(e["message"].as_str().unwrap().contains(&name), "{e}");
+    assert!(
+        env.api.listeners_of(&foreign_arn).await.unwrap().is_empty(),
+        "nothing added to it"
+    );
+    assert!(
+        env.api.all_target_groups().await.unwrap().is_empty(),
+        "no target group created"
+    );
+
+    services
+        .delete("clash", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the Service gone", WAIT, || async {
+        services
+            .get_opt("clash")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let lb = env.api.describe_load_balancer(&name).await.unwrap();
+    assert_eq!(
+        lb.map(|l| l.arn),
+        Some(foreign_arn),
+        "the foreign NLB is still there"
+    );
+}
