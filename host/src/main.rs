@@ -59,6 +59,29 @@ fn init_logging(log: &LogSettings, quiet: bool) -> u8 {
     max_level
 }
 
+/// How long the runtime may take to stop once the command is done. Provider calls run on the
+/// runtime's blocking threads; one stuck in a plugin (ignoring its cancellation) would keep a
+/// plain runtime drop waiting forever, so the host stops waiting after this and exits, leaving
+/// the stuck threads to the process exit.
+const RUNTIME_SHUTDOWN_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Run a command's future on a fresh runtime and stop the runtime within
+/// [`RUNTIME_SHUTDOWN_LIMIT`], whatever plugin threads are stuck.
+fn run_to_end(
+    command: impl std::future::Future<Output = anyhow::Result<i32>>,
+) -> anyhow::Result<i32> {
+    let rt = runtime()?;
+    let result = rt.block_on(command);
+    let started = std::time::Instant::now();
+    rt.shutdown_timeout(RUNTIME_SHUTDOWN_LIMIT);
+    if started.elapsed() >= RUNTIME_SHUTDOWN_LIMIT {
+        tracing::warn!(
+            "exiting with provider calls still running in plugin threads: abandoned after {RUNTIME_SHUTDOWN_LIMIT:?} (each was logged when it passed its deadline)"
+        );
+    }
+    result
+}
+
 fn main() -> ExitCode {
     ccm_host::malloc::tune();
     let argv = cli::normalize_args(std::env::args_os());
@@ -110,14 +133,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plugins(args) => cli::plugins(&args, max_level, &mut std::io::stdout().lock()),
         Command::Run(args) => {
-            runtime().map(|rt| rt.block_on(ccm_host::daemon::run(*args, max_level)))
+            run_to_end(async move { Ok(ccm_host::daemon::run(*args, max_level).await) })
         }
-        Command::Sandbox(args) => {
-            runtime().and_then(|rt| rt.block_on(ccm_host::sandbox::main(*args, max_level)))
-        }
-        Command::Check(args) => {
-            runtime().and_then(|rt| rt.block_on(ccm_host::check::main(*args, max_level)))
-        }
+        Command::Sandbox(args) => run_to_end(ccm_host::sandbox::main(*args, max_level)),
+        Command::Check(args) => run_to_end(ccm_host::check::main(*args, max_level)),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -1013,3 +1013,106 @@ fn tail(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+/// A built test plugin (a dev-dependency of this crate) by library name.
+fn built_fixture(lib: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .map(|d| d.join(format!("lib{lib}.so")))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("lib{lib}.so built by cargo"))
+}
+
+/// Containment: provider calls that hang and ignore their cancellation, and a plugin whose
+/// register never returns, must not keep the host from starting or from stopping. Start-up
+/// goes on after the register deadline without that plugin; SIGTERM stops the controllers and
+/// the process exits within the shutdown grace plus the runtime's shutdown limit, leaving the
+/// stuck plugin threads behind.
+#[test]
+#[allow(unsafe_code)] // kill(2)
+fn the_host_stops_on_sigterm_while_plugin_calls_hang() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt.block_on(ApiServer::start()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    for i in 0..3 {
+        server
+            .controls()
+            .seed(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": format!("node-{i}")},
+                "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+            }))
+            .unwrap();
+    }
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fixture = built_fixture("ccm_fixture_misbehaving");
+    std::fs::copy(&fixture, plugins.join("a-hang-calls.so")).unwrap();
+    std::fs::copy(&fixture, plugins.join("b-hang-in-register.so")).unwrap();
+    let log = dir.path().join("hung.log");
+    let mut child = Command::new(BIN)
+        .args(["run", "--plugin-dir"])
+        .arg(&plugins)
+        .args(["--cloud-provider", "hung", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args([
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--provider-call-timeout=1s",
+            "--controllers=cloud-node,cloud-node-lifecycle",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let read_log =
+        || String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
+    wait_until(
+        "a provider call to pass its deadline",
+        Duration::from_secs(60),
+        || read_log().contains("provider call timed out"),
+    );
+    assert!(
+        read_log().contains("its register function did not return within 10s"),
+        "the hung register is refused: {}",
+        read_log()
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        // Controllers' grace (5 s) + the runtime's shutdown limit (3 s) + a margin for a
+        // loaded machine.
+        if signalled.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = signalled.elapsed();
+    let text = read_log();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "SIGTERM must stop the host although plugin calls hang (waited {took:?}); log tail:\n{}",
+        tail(&text, 20)
+    );
+    assert!(
+        text.contains("exiting with provider calls still running in plugin threads"),
+        "says it left calls behind: {}",
+        tail(&text, 20)
+    );
+    println!("stopped {took:.1?} after SIGTERM with hung plugin calls");
+}
