@@ -94,12 +94,20 @@ async fn a_plugin_built_against_abi_1_0_loads_and_works_next_to_1_1_plugins() {
     server.write_kubeconfig(&kubeconfig).unwrap();
     let ctl = server.controls();
     let taint = json!([{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]);
-    for (name, ready) in [("node-1", "True"), ("node-2", "True"), ("gone-3", "False")] {
+    for (name, ready) in [
+        ("node-1", "True"),
+        ("node-2", "True"),
+        ("gone-3", "False"),
+        ("throttled-4", "False"),
+    ] {
         ctl.seed(json!({
             "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name},
+            // throttled-4 stays out of the load balancer's hosts (the ingress counts them).
+            "metadata": {"name": name, "labels": if name == "throttled-4" {
+                json!({"node.kubernetes.io/exclude-from-external-load-balancers": "true"})
+            } else { json!({}) }},
             "spec": {"taints": if ready == "True" { taint.clone() } else { json!([]) },
-                     "providerID": if ready == "True" { Value::Null } else { json!("legacy://gone-3") }},
+                     "providerID": if ready == "True" { Value::Null } else { json!(format!("legacy://{name}")) }},
             "status": {"conditions": [{"type": "Ready", "status": ready}]}
         }))
         .unwrap();
@@ -126,7 +134,8 @@ async fn a_plugin_built_against_abi_1_0_loads_and_works_next_to_1_1_plugins() {
     .iter()
     .map(|a| a.to_string())
     .collect();
-    let mut replica = Replica::start("legacy", &args, dir.path().join("legacy.log"), "info");
+    let log = dir.path().join("legacy.log");
+    let mut replica = Replica::start("legacy", &args, log.clone(), "info");
     let converged = || {
         let node = |n: &str| ctl.get("nodes", "", n);
         let initialised = node("node-1").is_some_and(|n| {
@@ -143,7 +152,11 @@ async fn a_plugin_built_against_abi_1_0_loads_and_works_next_to_1_1_plugins() {
         let ingress = ctl
             .get("services", "default", "web")
             .is_some_and(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == "192.0.2.2");
-        initialised && deleted && ingress
+        // Code 10 from a 1.0 plugin is an ordinary error, not ABI 1.1 throttling.
+        let shutdown_error = std::fs::read_to_string(&log).is_ok_and(|l| {
+            l.contains("error checking if node throttled-4 is shutdown: 429 Too Many Requests")
+        });
+        initialised && deleted && ingress && shutdown_error
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         tokio::task::block_in_place(|| {
@@ -167,5 +180,19 @@ async fn a_plugin_built_against_abi_1_0_loads_and_works_next_to_1_1_plugins() {
         replica.facts.host_panics.is_empty(),
         "{:?}",
         replica.facts.host_panics
+    );
+    let throttled: Vec<Value> = ctl
+        .list("events")
+        .into_iter()
+        .filter(|e| e["reason"] == "CloudProviderThrottled")
+        .collect();
+    assert!(
+        throttled.is_empty(),
+        "a 1.0 plugin cannot throttle: {throttled:#?}"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !log.contains("pausing every call"),
+        "no throttling pause for a 1.0 plugin"
     );
 }
