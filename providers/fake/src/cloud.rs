@@ -40,6 +40,8 @@ pub struct Capabilities {
     pub clusters: bool,
     /// `Routes()`.
     pub routes: bool,
+    /// ABI 1.1 `BulkInstances` (`bulkInstances`, off by default).
+    pub bulk_instances: bool,
 }
 
 impl Capabilities {
@@ -52,6 +54,7 @@ impl Capabilities {
             zones: on(c.disable_zones, true),
             clusters: on(c.disable_clusters, true),
             routes: on(c.disable_routes, true),
+            bulk_instances: c.bulk_instances,
         }
     }
 }
@@ -406,6 +409,7 @@ impl FakeCloud {
             disable_routes: base.disable_routes,
             disable_zones: base.disable_zones,
             disable_clusters: base.disable_clusters,
+            bulk_instances: base.bulk_instances,
             state_dir: base.state_dir.clone(),
             cloud_state_file: base.cloud_state_file,
             routes: base.routes.clone(),
@@ -533,6 +537,13 @@ impl CloudProvider for FakeCloud {
             .caps
             .routes
             .then(|| Arc::new(self.clone()) as Arc<dyn Routes>)
+    }
+
+    fn bulk_instances(&self) -> Option<Arc<dyn BulkInstances>> {
+        self.inner
+            .caps
+            .bulk_instances
+            .then(|| Arc::new(self.clone()) as Arc<dyn BulkInstances>)
     }
 }
 

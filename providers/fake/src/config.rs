@@ -31,6 +31,7 @@ pub const METHODS: &[&str] = &[
     "InstanceExists",
     "InstanceShutdown",
     "InstanceMetadata",
+    "InstancesBatch",
     "GetZoneByProviderID",
     "GetZoneByNodeName",
     "ListClusters",
@@ -88,6 +89,11 @@ pub struct FakeConfig {
     /// See [`FakeConfig::disable_instances`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disable_clusters: Option<bool>,
+    /// Offer ABI 1.1 bulk instance lookups (`BulkInstances`: one `InstancesBatch` call answers
+    /// many nodes) in addition to the per-node methods (creation time only; off by default, so
+    /// the per-node calls every other test counts stay as they are).
+    #[serde(skip_serializing_if = "is_false")]
+    pub bulk_instances: bool,
 
     /// Directory for the control file, the call log and the cloud state (config file only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -167,6 +173,7 @@ impl Default for FakeConfig {
             disable_routes: None,
             disable_zones: None,
             disable_clusters: None,
+            bulk_instances: false,
             state_dir: None,
             cloud_state_file: true,
             shared_state: false,

@@ -86,21 +86,29 @@ impl Faults {
     }
 }
 
-/// Check a per-instance error map (keys are method names or `"*"`).
-pub(crate) fn instance_error(
+/// Check a per-instance error map (keys are method names or `"*"`) for a call that stands for
+/// `methods` (one method; a bulk lookup stands for `InstancesBatch` and the per-node methods it
+/// covers): the entry of the first of `methods` that has one, else `"*"`.
+pub(crate) fn instance_error_any(
     errors: &BTreeMap<String, ErrorSpec>,
     instance: &str,
-    method: &str,
+    methods: &[&str],
     counters: &Counters,
 ) -> Result<(), ProviderError> {
     if errors.is_empty() {
         return Ok(());
     }
-    let found = errors
-        .get_key_value(method)
+    let found = methods
+        .iter()
+        .find_map(|m| errors.get_key_value(*m))
         .or_else(|| errors.get_key_value(ALL_METHODS));
     if let Some((key, spec)) = found {
         if counters.consume(&format!("instance/{instance}/{key}"), spec) {
+            let method = if key == ALL_METHODS {
+                methods.first().copied().unwrap_or(ALL_METHODS)
+            } else {
+                key.as_str()
+            };
             return Err(spec.to_error(method));
         }
     }

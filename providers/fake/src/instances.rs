@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cloud::{effective_provider_id, lock, FakeCloud, Settings};
 use crate::config::InstanceConfig;
-use crate::faults::instance_error;
+use crate::faults::instance_error_any;
 
 /// An instance as the cloud reports it (configured or synthesised), all defaults applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,8 +88,13 @@ impl FakeCloud {
 
     /// Apply the instance's own injected errors, then build its view.
     fn found(&self, s: &Settings, idx: usize, method: &str) -> Result<Option<Instance>> {
+        self.found_any(s, idx, &[method])
+    }
+
+    /// [`FakeCloud::found`] for a call that stands for several methods (a bulk lookup).
+    fn found_any(&self, s: &Settings, idx: usize, methods: &[&str]) -> Result<Option<Instance>> {
         let c = &s.config.instances[idx];
-        instance_error(&c.errors, &c.name, method, &self.inner.counters)?;
+        instance_error_any(&c.errors, &c.name, methods, &self.inner.counters)?;
         Ok(Some(self.configured(s, c)))
     }
 
@@ -133,13 +138,79 @@ impl FakeCloud {
         node: &Node,
         method: &str,
     ) -> Result<Option<Instance>> {
+        self.find_node_any(s, node, &[method])
+    }
+
+    /// [`FakeCloud::find_node`] for a call that stands for several methods (a bulk lookup):
+    /// the instance's own errors of the first of `methods` that has one apply.
+    fn find_node_any(
+        &self,
+        s: &Settings,
+        node: &Node,
+        methods: &[&str],
+    ) -> Result<Option<Instance>> {
         let pid = node_provider_id(node);
         if !pid.is_empty() {
             if let Some(&i) = s.by_provider_id.get(pid) {
-                return self.found(s, i, method);
+                return self.found_any(s, i, methods);
             }
         }
-        self.find_by_name(s, node_name(node), method)
+        let name = node_name(node);
+        if let Some(&i) = s.by_name.get(name) {
+            return self.found_any(s, i, methods);
+        }
+        Ok((s.config.auto_instances && !name.is_empty()).then(|| self.synthesised(s, name)))
+    }
+
+    /// One node's answer to a bulk lookup: the per-node methods' answers in one value. An
+    /// instance the cloud does not know, or one with `exists: false`, is `exists: false` (never
+    /// an error); the instance's own `errors` (under `InstancesBatch` or the per-node method
+    /// names of what `query` asks) fail this node only.
+    fn batch_answer(
+        &self,
+        s: &Settings,
+        node: &Node,
+        query: InstanceQuery,
+    ) -> Result<InstanceStatus> {
+        let mut methods = vec!["InstancesBatch"];
+        for (part, method) in QUERY_PARTS {
+            if query.contains(part) {
+                methods.push(method);
+            }
+        }
+        let gone = |shutdown| InstanceStatus {
+            exists: false,
+            shutdown,
+            metadata: None,
+        };
+        Ok(match self.find_node_any(s, node, &methods)? {
+            None => gone(false),
+            Some(i) if !i.exists => gone(query.contains(InstanceQuery::SHUTDOWN) && i.shutdown),
+            Some(i) => InstanceStatus {
+                exists: true,
+                shutdown: query.contains(InstanceQuery::SHUTDOWN) && i.shutdown,
+                metadata: (query.contains(InstanceQuery::METADATA) && !i.metadata_nil)
+                    .then(|| metadata_of(i)),
+            },
+        })
+    }
+}
+
+/// The parts of a bulk query and the per-node method each stands for.
+const QUERY_PARTS: [(InstanceQuery, &str); 3] = [
+    (InstanceQuery::EXISTS, "InstanceExists"),
+    (InstanceQuery::SHUTDOWN, "InstanceShutdown"),
+    (InstanceQuery::METADATA, "InstanceMetadata"),
+];
+
+fn metadata_of(i: Instance) -> InstanceMetadata {
+    InstanceMetadata {
+        provider_id: i.provider_id,
+        instance_type: i.instance_type,
+        node_addresses: i.addresses,
+        zone: i.zone,
+        region: i.region,
+        additional_labels: i.additional_labels,
     }
 }
 
@@ -262,14 +333,32 @@ impl InstancesV2 for FakeCloud {
         if i.metadata_nil {
             return Ok(None);
         }
-        Ok(Some(InstanceMetadata {
-            provider_id: i.provider_id,
-            instance_type: i.instance_type,
-            node_addresses: i.addresses,
-            zone: i.zone,
-            region: i.region,
-            additional_labels: i.additional_labels,
-        }))
+        Ok(Some(metadata_of(i)))
+    }
+}
+
+impl BulkInstances for FakeCloud {
+    /// One call (recorded once, as `instances-batch` with the node names and the query) answers
+    /// every node; the `InstancesBatch` faults (latency, errors, ...) apply to the call.
+    fn instances_batch(
+        &self,
+        ctx: &CallContext,
+        nodes: &[Node],
+        query: InstanceQuery,
+    ) -> Result<Vec<Result<InstanceStatus>>> {
+        let m = "InstancesBatch";
+        let asked: Vec<&str> = QUERY_PARTS
+            .iter()
+            .filter(|(part, _)| query.contains(*part))
+            .map(|(_, method)| *method)
+            .collect();
+        let names: Vec<&str> = nodes.iter().map(node_name).collect();
+        let args = json!({ "nodes": names, "query": asked });
+        let s = self.begin(m, "instances-batch", args, ctx)?;
+        Ok(nodes
+            .iter()
+            .map(|node| self.batch_answer(&s, node, query))
+            .collect())
     }
 }
 

@@ -224,6 +224,95 @@ fn v2_lookup_prefers_provider_id_then_name() {
 }
 
 #[test]
+fn bulk_lookups_answer_like_the_per_node_methods_in_one_call() {
+    let off = fake(TWO_INSTANCES);
+    assert!(off.bulk_instances().is_none(), "off by default");
+    // node-a fails its metadata lookups (its own errors), twice; the others are unaffected.
+    let mut config: FakeConfig = yaml_serde::from_str(TWO_INSTANCES).unwrap();
+    config.bulk_instances = true;
+    config.instances[0].errors.insert(
+        "InstanceMetadata".into(),
+        ErrorSpec::new(InjectedKind::Unauthorized).times(2),
+    );
+    let c = fake_with(config);
+    let bulk = c
+        .bulk_instances()
+        .expect("bulkInstances: true offers BulkInstances");
+    let asked = [
+        node("node-a", None),
+        node("node-b", Some("fake://id-b")),
+        node("gone", None),
+        node("nil-md", None),
+        node("unknown", None),
+    ];
+    let all = InstanceQuery::EXISTS
+        .with(InstanceQuery::SHUTDOWN)
+        .with(InstanceQuery::METADATA);
+    let answers = bulk.instances_batch(&ctx(), &asked, all).unwrap();
+    assert_eq!(answers.len(), 5);
+    assert_eq!(
+        answers[0].as_ref().unwrap_err().kind(),
+        ErrorKind::UNAUTHORIZED,
+        "node-a's own error fails node-a only"
+    );
+    let b = answers[1].as_ref().unwrap();
+    assert!(b.exists && b.shutdown);
+    let md = b.metadata.as_ref().unwrap();
+    assert_eq!(
+        (md.provider_id.as_str(), md.instance_type.as_str()),
+        ("fake://id-b", "t.large")
+    );
+    assert_eq!(
+        answers[2].as_ref().unwrap(),
+        &InstanceStatus::default(),
+        "exists: false is an answer, not an error"
+    );
+    let nil = answers[3].as_ref().unwrap();
+    assert!(
+        nil.exists && nil.metadata.is_none(),
+        "metadataNil: exists, no metadata"
+    );
+    assert!(!answers[4].as_ref().unwrap().exists, "unknown instance");
+    // Only what was asked: no metadata, no shutdown.
+    let exists_only = bulk
+        .instances_batch(&ctx(), &asked[1..2], InstanceQuery::EXISTS)
+        .unwrap();
+    assert_eq!(
+        exists_only[0].as_ref().unwrap(),
+        &InstanceStatus {
+            exists: true,
+            ..Default::default()
+        }
+    );
+    // The second error of node-a, then it answers.
+    assert!(bulk.instances_batch(&ctx(), &asked[..1], all).unwrap()[0].is_err());
+    assert!(bulk.instances_batch(&ctx(), &asked[..1], all).unwrap()[0].is_ok());
+    // One call record per batch, naming the nodes and the query.
+    let calls = c.calls();
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert!(calls.iter().all(|c| c.call == "instances-batch"));
+    assert_eq!(
+        calls[0].args,
+        json!({"nodes": ["node-a", "node-b", "gone", "nil-md", "unknown"],
+               "query": ["InstanceExists", "InstanceShutdown", "InstanceMetadata"]})
+    );
+    // A batch-level fault fails the call.
+    let mut config: FakeConfig = yaml_serde::from_str(TWO_INSTANCES).unwrap();
+    config.bulk_instances = true;
+    config.errors.insert(
+        "InstancesBatch".into(),
+        ErrorSpec::new(InjectedKind::Throttled),
+    );
+    let throttled = fake_with(config);
+    let e = throttled
+        .bulk_instances()
+        .unwrap()
+        .instances_batch(&ctx(), &asked, all)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::THROTTLED);
+}
+
+#[test]
 fn legacy_instances_and_zones() {
     let c = fake(TWO_INSTANCES);
     let x = ctx();
