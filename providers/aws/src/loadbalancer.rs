@@ -538,9 +538,7 @@ impl AwsLoadBalancer {
                 .target_group(&cluster_id, &d, m, &vpc, &attached, &resource_tags)
                 .await?;
             keep_tgs.insert(tg.arn.clone());
-            if !new_tg {
-                self.reconcile_target_group(&tg, &d).await?;
-            } else if !d.tg_attributes.is_empty() {
+            if !new_tg || !d.tg_attributes.is_empty() {
                 self.reconcile_target_group(&tg, &d).await?;
             }
             self.sync_targets(&tg.arn, m.node_port, &ids, new_tg.then(Vec::new))

@@ -73,7 +73,7 @@ impl AwsRoutes {
         let mut found = self.cx.api.describe_route_tables(&as_refs).await?;
         if found.is_empty() {
             let mut legacy: Vec<(&str, Vec<String>)> =
-                vec![(&"tag:KubernetesCluster"[..], vec![cluster_id.to_string()])];
+                vec![("tag:KubernetesCluster", vec![cluster_id.to_string()])];
             if let Some(vpc) = &self.cx.config.vpc {
                 legacy.push(("vpc-id", vec![vpc.clone()]));
             }

@@ -11,7 +11,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ccm_host::controllers::{node, node_lifecycle, service, ControllerConfig};
+use ccm_host::controllers::{node, node_lifecycle, route, service, ControllerConfig};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
@@ -652,5 +652,370 @@ async fn a_load_balancer_this_cluster_did_not_create_is_left_alone() {
         lb.map(|l| l.arn),
         Some(foreign_arn),
         "the foreign NLB is still there"
+    );
+}
+
+// ---- Routes -----------------------------------------------------------------------------------
+
+/// `destination → instance (or gateway)` of the route table.
+async fn route_table(env: &AwsEnv) -> std::collections::BTreeMap<String, String> {
+    let rtb = std::slice::from_ref(&env.cloud.route_table);
+    let tables = env
+        .api
+        .describe_route_tables(&[("route-table-id", rtb)])
+        .await
+        .unwrap();
+    tables[0]
+        .routes
+        .iter()
+        .map(|r| {
+            (
+                r.destination.clone(),
+                r.instance_id
+                    .clone()
+                    .or(r.gateway_id.clone())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_are_created_for_pod_cidrs_and_removed_with_their_nodes() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 3, 0, "m5.large").await;
+    let names: Vec<String> = instances
+        .iter()
+        .enumerate()
+        .map(|(k, i)| {
+            env.seed_node(
+                i,
+                true,
+                json!({"spec": {"taints": [], "providerID": format!("aws:///{}/{}", i.zone, i.id), "podCIDR": format!("10.244.{k}.0/24"), "podCIDRs": [format!("10.244.{k}.0/24")]}}),
+            )
+        })
+        .collect();
+    // A route to an instance that is then terminated (AWS: blackhole; moto keeps it active),
+    // and a gateway route inside the cluster CIDR that is not the provider's to touch.
+    let gone = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
+    let rtb = env.cloud.route_table.clone();
+    ec2(
+        &env.api,
+        "CreateRoute",
+        &[
+            ("RouteTableId", &rtb),
+            ("DestinationCidrBlock", "10.244.99.0/24"),
+            ("InstanceId", &gone[0].id),
+        ],
+    )
+    .await;
+    ec2(
+        &env.api,
+        "TerminateInstances",
+        &[("InstanceId.1", &gone[0].id)],
+    )
+    .await;
+    let igw = route_table(&env).await["0.0.0.0/0"].clone();
+    ec2(
+        &env.api,
+        "CreateRoute",
+        &[
+            ("RouteTableId", &rtb),
+            ("DestinationCidrBlock", "10.244.200.0/24"),
+            ("GatewayId", &igw),
+        ],
+    )
+    .await;
+
+    let listed = env.provider.list_routes(CLUSTER).await.unwrap();
+    assert_eq!(
+        listed.len(),
+        1,
+        "only instance routes and blackholes are reported: {listed:?}"
+    );
+    assert!(
+        listed[0].blackhole && listed[0].destination_cidr == "10.244.99.0/24",
+        "{listed:?}"
+    );
+
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    let cidrs = route::parse_cluster_cidrs("10.244.0.0/16").unwrap();
+    tokio::spawn(route::run(ctx.clone(), cidrs));
+    let want: std::collections::BTreeMap<String, String> = instances
+        .iter()
+        .enumerate()
+        .map(|(k, i)| (format!("10.244.{k}.0/24"), i.id.clone()))
+        .chain([("10.244.200.0/24".to_string(), igw.clone())])
+        .collect();
+    eventually_async(
+        "a route per pod CIDR, the blackhole gone, the gateway route kept",
+        WAIT,
+        || async {
+            let t = route_table(&env).await;
+            let in_cluster: std::collections::BTreeMap<String, String> = t
+                .into_iter()
+                .filter(|(d, _)| d.starts_with("10.244."))
+                .collect();
+            (in_cluster == want).then_some(())
+        },
+    )
+    .await;
+    // Source/destination checks are off on the routed instances.
+    for i in &instances {
+        let body = ec2(
+            &env.api,
+            "DescribeInstanceAttribute",
+            &[("InstanceId", &i.id), ("Attribute", "sourceDestCheck")],
+        )
+        .await;
+        assert_eq!(first(&body, "value"), "false", "{}", i.id);
+    }
+    let listed = env.provider.list_routes(CLUSTER).await.unwrap();
+    let mut targets: Vec<String> = listed.iter().map(|r| r.target_node.clone()).collect();
+    targets.sort();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(targets, sorted);
+    assert!(listed.iter().all(|r| !r.blackhole));
+
+    // A deleted node's route goes.
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .delete(&names[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the deleted node's route removed", WAIT, || async {
+        (!route_table(&env).await.contains_key("10.244.0.0/24")).then_some(())
+    })
+    .await;
+    assert_eq!(route_table(&env).await.get("10.244.200.0/24"), Some(&igw));
+}
+
+// ---- Credentials ------------------------------------------------------------------------------
+
+/// moto with IAM enforcement: the first four calls are free (they create a user with an
+/// allow-all policy and its access key); every later call needs that key.
+async fn moto_with_iam() -> (Moto, String, String) {
+    let moto = Moto::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", "4")]);
+    let api = direct_client(&moto.url());
+    let iam = ccm_provider_aws::api::Endpoint {
+        service: "iam",
+        version: "2010-05-08",
+        url: moto.url(),
+        signing_region: REGION.into(),
+        signing_name: "iam".into(),
+    };
+    let call = |action: &'static str, params: Vec<(&'static str, String)>| {
+        let (api, iam) = (&api, iam.clone());
+        async move {
+            let mut p = ccm_provider_aws::api::Params::new();
+            for (k, v) in params {
+                p.set(k, v);
+            }
+            api.call(&iam, action, &p)
+                .await
+                .unwrap_or_else(|e| panic!("{action}: {e}"))
+        }
+    };
+    call("CreateUser", vec![("UserName", "ccm".into())]).await;
+    let key = call("CreateAccessKey", vec![("UserName", "ccm".into())]).await;
+    let policy =
+        r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}"#;
+    let arn = first(
+        &call(
+            "CreatePolicy",
+            vec![
+                ("PolicyName", "all".into()),
+                ("PolicyDocument", policy.into()),
+            ],
+        )
+        .await,
+        "Arn",
+    );
+    call(
+        "AttachUserPolicy",
+        vec![("UserName", "ccm".into()), ("PolicyArn", arn)],
+    )
+    .await;
+    (
+        moto,
+        first(&key, "AccessKeyId"),
+        first(&key, "SecretAccessKey"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_a_clear_error_and_delete_no_node_and_rotated_keys_are_picked_up() {
+    let (moto, key, secret) = moto_with_iam().await;
+    let real = client_for(&moto.url(), &key, &secret);
+    let cloud = make_cloud(&real).await;
+    let instances = run_instances(&real, &cloud, 2, 0, "m5.large").await;
+    let env = AwsEnv::on_cloud(
+        &moto,
+        real,
+        cloud,
+        EnvOptions {
+            key: ("AKIDNOTAREALKEY00000".into(), "wrong".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    // One node to initialise, one initialised node that is NotReady (a lifecycle candidate).
+    let fresh = env.seed_node(&instances[0], true, json!({}));
+    let known = env.seed_node(
+        &instances[1],
+        false,
+        json!({"spec": {"taints": [], "providerID": format!("aws:///{}/{}", instances[1].zone, instances[1].id)}}),
+    );
+    let node: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(env.node(&known).unwrap()).unwrap();
+    let e = env.provider.instance_exists(&node).await.unwrap_err();
+    assert_eq!(e.kind(), ccm_provider_abi::ErrorKind::UNAUTHORIZED, "{e:?}");
+    assert!(
+        e.message().contains("ec2 DescribeInstances") && e.message().contains("(HTTP 4"),
+        "the message names the call and AWS's answer: {e}"
+    );
+
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    tokio::spawn(node::run(ctx.clone()));
+    tokio::spawn(node_lifecycle::run(ctx.clone()));
+    // Several lifecycle passes (every 500 ms) and node syncs with the wrong key.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        env.node(&known).is_some(),
+        "rejected credentials never delete a Node"
+    );
+    assert!(taint_keys(&env.node(&fresh).unwrap()).contains(&UNINITIALIZED.to_string()));
+
+    // The key is rotated on disk: the next calls use it.
+    write_credentials(&env.credentials_path(), &key, &secret);
+    eventually(
+        "the fresh node initialised with the rotated key",
+        WAIT,
+        || {
+            env.node(&fresh)
+                .filter(|n| !taint_keys(n).contains(&UNINITIALIZED.to_string()))
+        },
+    )
+    .await;
+    assert!(env.provider.instance_exists(&node).await.unwrap());
+    assert!(env.node(&known).is_some());
+}
+
+// ---- Throttling -------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_pauses_the_host_and_everything_converges() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 4, 0, "m5.large").await;
+    let names: Vec<String> = instances
+        .iter()
+        .map(|i| env.seed_node(i, true, json!({})))
+        .collect();
+    env.proxy.clear_counts();
+    // EC2 answers the next three DescribeInstances with RequestLimitExceeded.
+    env.proxy.throttle_next(3, "DescribeInstances");
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(node::run(ctx.clone()));
+    for name in &names {
+        eventually(
+            &format!("node {name} initialised despite throttling"),
+            WAIT,
+            || {
+                env.node(name)
+                    .filter(|n| !taint_keys(n).contains(&UNINITIALIZED.to_string()))
+            },
+        )
+        .await;
+    }
+    assert_eq!(env.proxy.throttled(), 3);
+    // The host paused instead of retrying each node at once: no storm of lookups.
+    let lookups = env.proxy.count("DescribeInstances");
+    assert!(lookups <= 3 + 4 + 4, "DescribeInstances calls: {lookups}");
+    let e = eventually("a CloudProviderThrottled event", WAIT, || {
+        env.events()
+            .into_iter()
+            .find(|e| e["reason"] == "CloudProviderThrottled")
+    })
+    .await;
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("RequestLimitExceeded"),
+        "{e}"
+    );
+
+    // ELBv2 throttles the load balancer's creation once (code Throttling): the Service
+    // still gets its NLB.
+    env.proxy.throttle_next(1, "CreateLoadBalancer");
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &lb_service("busy", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    eventually_async(
+        "the Service's ingress hostname after a throttled create",
+        WAIT,
+        || async { ingress_hostname(&stored_service(&env, "busy").await) },
+    )
+    .await;
+    assert_eq!(env.proxy.throttled(), 4);
+    let lbs = all(
+        &elb(&env.api, "DescribeLoadBalancers", &[]).await,
+        "LoadBalancerArn",
+    );
+    assert_eq!(lbs.len(), 1, "one NLB, not one per attempt");
+}
+
+// ---- Deadline ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_cloud_runs_into_the_call_deadline_and_the_next_call_works() {
+    let moto = shared_moto();
+    let env = AwsEnv::start_with(
+        moto.moto,
+        EnvOptions {
+            call_timeout: Duration::from_secs(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
+    let name = env.seed_node(&instances[0], true, json!({}));
+    let node: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(env.node(&name).unwrap()).unwrap();
+    env.proxy.set_delay(Duration::from_secs(3));
+    let started = std::time::Instant::now();
+    let e = env.provider.instance_metadata(&node).await.unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ccm_provider_abi::ErrorKind::DEADLINE_EXCEEDED,
+        "{e:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    env.proxy.set_delay(Duration::ZERO);
+    let md = env
+        .provider
+        .instance_metadata(&node)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        md.provider_id,
+        format!("aws:///{}/{}", instances[0].zone, instances[0].id)
     );
 }
