@@ -8,6 +8,7 @@ pub mod args;
 pub mod check;
 pub mod cli;
 pub mod controllers;
+pub mod crash;
 pub mod daemon;
 pub mod duration;
 pub mod events;

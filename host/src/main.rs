@@ -83,6 +83,7 @@ fn run_to_end(
 }
 
 fn main() -> ExitCode {
+    ccm_host::crash::install();
     ccm_host::malloc::tune();
     let argv = cli::normalize_args(std::env::args_os());
     // As upstream, --version is honoured before anything else (even missing required flags).

@@ -1116,3 +1116,62 @@ fn the_host_stops_on_sigterm_while_plugin_calls_hang() {
     );
     println!("stopped {took:.1?} after SIGTERM with hung plugin calls");
 }
+
+/// A plugin that crashes the process inside a provider call (SIGSEGV, abort, exit) is named in
+/// one line on stderr before the process dies, with the call; the exit status stays the
+/// crash's own.
+#[test]
+fn a_crash_inside_a_plugin_call_names_the_plugin_and_the_call() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for (node, expected, signal) in [
+        ("segv-1", "fatal signal SIGSEGV", Some(libc::SIGSEGV)),
+        ("abort-1", "fatal signal SIGABRT", Some(libc::SIGABRT)),
+        ("exit-1", "exit() called", None),
+    ] {
+        let server = rt.block_on(ApiServer::start()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        server
+            .controls()
+            .seed(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": node},
+                "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+            }))
+            .unwrap();
+        let plugins = dir.path().join("plugins");
+        std::fs::create_dir(&plugins).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let so = plugins.join("crash-calls.so");
+        std::fs::copy(built_fixture("ccm_fixture_misbehaving"), &so).unwrap();
+        let out = Command::new(BIN)
+            .args(["run", "--plugin-dir"])
+            .arg(&plugins)
+            .args(["--cloud-provider", "crashing", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args([
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--controllers=cloud-node",
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = format!(
+            "ccm-host: {expected} during provider call InstanceMetadata into plugin {}",
+            so.display()
+        );
+        assert!(
+            stderr.contains(&line),
+            "{node}: expected {line:?} in:\n{stderr}"
+        );
+        use std::os::unix::process::ExitStatusExt;
+        match signal {
+            Some(sig) => assert_eq!(out.status.signal(), Some(sig), "{node}: {:?}", out.status),
+            None => assert_eq!(out.status.code(), Some(3), "{node}: {:?}", out.status),
+        }
+    }
+}

@@ -384,7 +384,11 @@ impl Provider {
         let ctx = CallContext::new(Some(timeout));
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
-        let task = tokio::task::spawn_blocking(move || f(&plugin_ctx).into_result());
+        let plugin = self.inner.plugin_path.clone();
+        // A fatal signal inside the plugin names the plugin and the call (crate::crash).
+        let task = tokio::task::spawn_blocking(move || {
+            crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result())
+        });
         let outcome = tokio::time::timeout(timeout, task).await;
         let result = match outcome {
             Ok(Ok(result)) => {
