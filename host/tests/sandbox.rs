@@ -646,11 +646,13 @@ fn a_lost_lease_is_named_as_the_reason() {
     let text = std::fs::read_to_string(&kubeconfig)
         .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
     assert!(text.contains(&url), "{text}");
-    // Wait for the sandbox's controller manager to lead, then give the lease to someone else.
+    // Wait for the sandbox's controller manager to lead (its node controller did its work: a
+    // holder in the Lease alone is not enough, the elector may not have confirmed it yet and
+    // would then stay a standby), then give the lease to someone else.
     let lease =
         "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/cloud-controller-manager";
-    run.wait_line("progress", Duration::from_secs(60), |l| {
-        l.contains("nodes initialised")
+    run.wait_line("the node initialised", Duration::from_secs(60), |l| {
+        l.contains("nodes initialised 1/1")
     });
     let started = Instant::now();
     while !http(&url, "GET", lease, None).1["spec"]["holderIdentity"].is_string() {
