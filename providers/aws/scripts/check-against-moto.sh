@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Runs `ccm-host check` (the provider conformance kit) on the aws provider against a fresh
+# moto server: installs moto if missing (install-moto.sh), builds ccm-host and the plugin,
+# starts moto on 127.0.0.1 (a free port), creates a VPC (two public subnets tagged for the
+# cluster and for load balancers, an internet gateway, a cluster-tagged route table) and four
+# instances (three running check nodes, one stopped), runs
+#   ccm-host check --cloud-provider aws --node <private DNS names> --shutdown-node <stopped> ...
+# prints check's table, stops moto, and exits with check's exit code.
+#
+#   bash providers/aws/scripts/check-against-moto.sh [extra ccm-host check flags, e.g. -o json]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../../.." && pwd)"
+cd "$root"
+
+moto_server="$(bash providers/aws/scripts/install-moto.sh)"
+python="$(dirname "$moto_server")/python"
+
+echo "== building ccm-host and the aws plugin" >&2
+cargo build --quiet -p ccm-host -p ccm-provider-aws >&2
+target="${CARGO_TARGET_DIR:-$root/target}"
+
+work="$(mktemp -d)"
+moto_pid=""
+cleanup() {
+  if [ -n "$moto_pid" ]; then kill "$moto_pid" 2>/dev/null || true; wait "$moto_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+"$moto_server" -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
+moto_pid=$!
+url="http://127.0.0.1:$port"
+
+cluster=ccm-check
+export AWS_ACCESS_KEY_ID=ccmcheck AWS_SECRET_ACCESS_KEY=ccmcheck AWS_DEFAULT_REGION=us-east-1
+# Nothing else from the environment or ~/.aws may reach the provider's credential chain.
+unset AWS_SESSION_TOKEN AWS_PROFILE AWS_ROLE_ARN AWS_WEB_IDENTITY_TOKEN_FILE
+export AWS_SHARED_CREDENTIALS_FILE="$work/credentials" AWS_CONFIG_FILE="$work/config"
+: >"$AWS_SHARED_CREDENTIALS_FILE"
+: >"$AWS_CONFIG_FILE"
+
+echo "== moto on $url: creating the VPC and the check instances" >&2
+"$python" - "$url" "$cluster" >"$work/nodes" <<'PY'
+import sys, time, urllib.request
+import boto3
+url, cluster = sys.argv[1], sys.argv[2]
+for _ in range(300):
+    try:
+        urllib.request.urlopen(url + "/moto-api/", timeout=1)
+        break
+    except Exception:
+        time.sleep(0.1)
+else:
+    sys.exit("moto did not start")
+ec2 = boto3.client("ec2", endpoint_url=url, region_name="us-east-1")
+tag = "kubernetes.io/cluster/" + cluster
+vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
+rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+ec2.create_route(RouteTableId=rtb, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
+ec2.create_tags(Resources=[rtb], Tags=[{"Key": tag, "Value": "owned"}])
+subnets = []
+for i, zone in enumerate(["us-east-1a", "us-east-1b"]):
+    s = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.%d.0/24" % (i + 1), AvailabilityZone=zone)["Subnet"]["SubnetId"]
+    ec2.modify_subnet_attribute(SubnetId=s, MapPublicIpOnLaunch={"Value": True})
+    ec2.create_tags(Resources=[s], Tags=[{"Key": tag, "Value": "shared"}, {"Key": "kubernetes.io/role/elb", "Value": "1"}])
+    ec2.associate_route_table(RouteTableId=rtb, SubnetId=s)
+    subnets.append(s)
+def run(n, subnet):
+    r = ec2.run_instances(ImageId="ami-12c6146b", MinCount=n, MaxCount=n, InstanceType="m5.large", SubnetId=subnet,
+                          TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": tag, "Value": "owned"}]}])
+    return r["Instances"]
+nodes = run(2, subnets[0]) + run(1, subnets[1])
+stopped = run(1, subnets[0])[0]
+ec2.stop_instances(InstanceIds=[stopped["InstanceId"]])
+for i in nodes:
+    print("node", i["PrivateDnsName"])
+print("stopped", stopped["PrivateDnsName"])
+PY
+
+cat >"$work/cloud.conf" <<EOF
+[Global]
+Zone = us-east-1a
+KubernetesClusterID = $cluster
+
+[ServiceOverride "ec2"]
+Service = ec2
+Region = us-east-1
+URL = $url
+SigningRegion = us-east-1
+
+[ServiceOverride "elb"]
+Service = elasticloadbalancing
+Region = us-east-1
+URL = $url
+SigningRegion = us-east-1
+EOF
+
+mkdir -m 0700 "$work/plugins"
+cp "$target/debug/libccm_provider_aws.so" "$work/plugins/"
+args=()
+while read -r kind name; do
+  case "$kind" in
+    node) args+=(--node "$name") ;;
+    stopped) args+=(--shutdown-node "$name") ;;
+  esac
+done <"$work/nodes"
+
+echo "== ccm-host check --cloud-provider aws ${args[*]}" >&2
+status=0
+"$target/debug/ccm-host" check --plugin-dir "$work/plugins" --cloud-provider aws \
+  --cloud-config "$work/cloud.conf" "${args[@]}" \
+  --absent-provider-id aws:///us-east-1a/i-0123456789abcdef0 \
+  --cluster-name "$cluster" --cluster-cidr 10.244.0.0/16 "$@" || status=$?
+exit "$status"
