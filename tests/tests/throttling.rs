@@ -462,6 +462,7 @@ async fn calls_waiting_for_the_pause_keep_their_deadline_and_cancellation_then_t
         call_timeout: Duration::from_millis(300),
         cloud_api_qps: 5.0,
         cloud_api_burst: 1,
+        ..ccm_host::provider::ProviderOptions::default()
     };
     let h = Harness::start_with(
         "fake",
