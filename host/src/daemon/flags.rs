@@ -18,6 +18,7 @@ use crate::controllers::node_lifecycle::{
     DEFAULT_DELETION_ON_INSTANCE_NOT_FOUND,
 };
 use crate::controllers::ControllerConfig;
+use crate::provider::bulk::{DEFAULT_INSTANCE_BATCH_SIZE, DEFAULT_INSTANCE_BATCH_WINDOW};
 
 /// Flags of `ccm-host run`.
 #[derive(Debug, Clone, Args)]
@@ -105,6 +106,13 @@ pub struct RunArgs {
     /// Provider calls allowed at once above --cloud-api-qps.
     #[arg(long, env = "CCM_CLOUD_API_BURST", default_value_t = 10)]
     pub cloud_api_burst: i64,
+    /// With a provider that offers bulk instance lookups (ABI 1.1): how long the first node
+    /// asked about waits for others before one call asks about all of them (beyond upstream).
+    #[arg(long, default_value_t = crate::duration::format(DEFAULT_INSTANCE_BATCH_WINDOW))]
+    pub instance_batch_window: String,
+    /// The most nodes asked about in one bulk instance lookup (beyond upstream).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_INSTANCE_BATCH_SIZE as i64)]
+    pub instance_batch_size: i64,
 
     // ---- leader election ----
     /// Run leader election (only the lease holder runs controllers).
@@ -175,6 +183,10 @@ pub struct RunSettings {
     pub cloud_api_qps: f64,
     /// Cloud-call burst.
     pub cloud_api_burst: u32,
+    /// `--instance-batch-window`.
+    pub instance_batch_window: Duration,
+    /// `--instance-batch-size`.
+    pub instance_batch_size: usize,
     /// Client-side API request rate.
     pub kube_api_qps: f64,
     /// Client-side API burst.
@@ -221,6 +233,7 @@ impl RunArgs {
         );
         let _ = duration("node-sync-period", &self.node_sync_period, true);
         let call_timeout = duration("provider-call-timeout", &self.provider_call_timeout, false);
+        let batch_window = duration("instance-batch-window", &self.instance_batch_window, true);
         let lease = duration(
             "leader-elect-lease-duration",
             &self.leader_elect_lease_duration,
@@ -314,6 +327,15 @@ impl RunArgs {
                 self.cloud_api_burst
             ));
         }
+        let batch_size = usize::try_from(self.instance_batch_size)
+            .ok()
+            .filter(|n| *n >= 1);
+        if batch_size.is_none() {
+            errors.push(format!(
+                "--instance-batch-size must be at least 1, got {}",
+                self.instance_batch_size
+            ));
+        }
         let tls = match (&self.tls_cert_file, &self.tls_private_key_file) {
             (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
             (None, None) => None,
@@ -376,6 +398,8 @@ impl RunArgs {
             provider_call_timeout: call_timeout,
             cloud_api_qps: self.cloud_api_qps,
             cloud_api_burst: u32::try_from(self.cloud_api_burst).unwrap_or(1),
+            instance_batch_window: batch_window,
+            instance_batch_size: batch_size.unwrap_or(DEFAULT_INSTANCE_BATCH_SIZE),
             kube_api_qps: self.kube_api_qps,
             kube_api_burst: u32::try_from(self.kube_api_burst).unwrap_or(1),
             tls,
@@ -451,6 +475,16 @@ mod tests {
             "no budget by default"
         );
         assert_eq!(s.tls, None);
+        // Bulk instance lookups: the provider layer's defaults, written once.
+        assert_eq!(
+            (s.instance_batch_window, s.instance_batch_size),
+            (Duration::from_millis(100), 500)
+        );
+        let provider = crate::provider::ProviderOptions::default();
+        assert_eq!(
+            (s.instance_batch_window, s.instance_batch_size),
+            (provider.instance_batch_window, provider.instance_batch_size)
+        );
         assert_eq!(a.leader_elect_resource_name, "cloud-controller-manager");
         assert_eq!(a.leader_elect_resource_namespace, "kube-system");
         assert_eq!(s.selection.enabled().len(), 4);
@@ -584,6 +618,35 @@ mod tests {
         .unwrap();
         assert_eq!((s.cloud_api_qps, s.cloud_api_burst), (12.5, 3));
         assert_eq!(s.tls, Some(("/c.pem".into(), "/k.pem".into())));
+    }
+
+    #[test]
+    fn instance_batch_flags_are_validated() {
+        let s = parse(&[
+            "--cloud-provider=fake",
+            "--instance-batch-window=250ms",
+            "--instance-batch-size=50",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(
+            (s.instance_batch_window, s.instance_batch_size),
+            (Duration::from_millis(250), 50)
+        );
+        let s = parse(&["--cloud-provider=fake", "--instance-batch-window=0s"])
+            .validate()
+            .unwrap();
+        assert_eq!(s.instance_batch_window, Duration::ZERO, "0: no waiting");
+        let errs = parse(&[
+            "--cloud-provider=fake",
+            "--instance-batch-window=100",
+            "--instance-batch-size=0",
+        ])
+        .validate()
+        .unwrap_err();
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(errs[0].starts_with("--instance-batch-window:"), "{errs:?}");
+        assert_eq!(errs[1], "--instance-batch-size must be at least 1, got 0");
     }
 
     #[test]

@@ -435,6 +435,8 @@ fn build_provider(
         call_timeout: settings.provider_call_timeout,
         cloud_api_qps: settings.cloud_api_qps,
         cloud_api_burst: settings.cloud_api_burst,
+        instance_batch_window: settings.instance_batch_window,
+        instance_batch_size: settings.instance_batch_size,
     };
     let provider = registry
         .create(&args.cloud_provider, config.as_deref(), &options)

@@ -77,6 +77,8 @@ pub struct CallMetrics {
     /// `ccm_provider_throttle_wait_seconds{caller}`: time calls waited for a throttling pause
     /// (observed only for calls that waited).
     pub throttle_wait: Family<CallerLabels, Histogram, fn() -> Histogram>,
+    /// Bulk instance lookups and the instance cache ([`super::bulk`]).
+    pub bulk: super::bulk::BulkMetrics,
 }
 
 impl Default for CallMetrics {
@@ -93,6 +95,7 @@ impl Default for CallMetrics {
             throttled: Family::default(),
             throttle_pause: Counter::default(),
             throttle_wait: Family::new_with_constructor(latency_histogram),
+            bulk: super::bulk::BulkMetrics::default(),
         }
     }
 }
@@ -161,6 +164,7 @@ impl CallMetrics {
             "Time calls waited for a throttling pause to end, by calling controller",
             self.throttle_wait.clone(),
         );
+        self.bulk.register(registry);
     }
 }
 

@@ -12,9 +12,14 @@
 //! time (two `InstanceMetadata` calls for one node make one plugin call), pauses every call to
 //! the provider after the cloud throttled one ([`throttle`]: ABI 1.1 `THROTTLED`), and records
 //! [`CallMetrics`].
+//!
+//! Instance lookups can also go through [`bulk`] (ABI 1.1 `BULK_INSTANCES`: many nodes in one
+//! call) and the provider's cache of instance answers ([`instance_cache`]).
 
+pub mod bulk;
 mod call_metrics;
 mod host_services;
+pub mod instance_cache;
 pub mod throttle;
 
 use std::any::Any;
@@ -40,7 +45,9 @@ use crate::plugin::Factory;
 use crate::rate_limit::FairLimiter;
 pub use call_metrics::CallMetrics;
 use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels};
+pub use ccm_provider_abi::ext::InstanceQuery;
 pub use host_services::HostServices;
+pub use instance_cache::{CacheUse, InstanceAnswer};
 use throttle::Throttle;
 pub use throttle::Throttled;
 
@@ -53,6 +60,11 @@ pub struct ProviderOptions {
     pub cloud_api_qps: f64,
     /// Calls allowed at once above the rate (`--cloud-api-burst`).
     pub cloud_api_burst: u32,
+    /// How long the first node of a bulk instance lookup waits for others
+    /// (`--instance-batch-window`; [`bulk`]).
+    pub instance_batch_window: Duration,
+    /// The most nodes in one bulk instance lookup (`--instance-batch-size`).
+    pub instance_batch_size: usize,
 }
 
 impl Default for ProviderOptions {
@@ -61,6 +73,8 @@ impl Default for ProviderOptions {
             call_timeout: Duration::from_secs(30),
             cloud_api_qps: 0.0,
             cloud_api_burst: 1,
+            instance_batch_window: bulk::DEFAULT_INSTANCE_BATCH_WINDOW,
+            instance_batch_size: bulk::DEFAULT_INSTANCE_BATCH_SIZE,
         }
     }
 }
@@ -139,6 +153,11 @@ struct Inner {
     metrics: CallMetrics,
     /// Read calls in flight by `method\0key`.
     in_flight_reads: Mutex<HashMap<String, ReadEntry>>,
+    /// Nodes collected into bulk instance lookups (not a plugin object: it calls the plugin
+    /// through [`Provider::call`]).
+    batcher: bulk::Batcher,
+    /// Instance answers, read by each caller with a max-age of its own.
+    instance_cache: instance_cache::InstanceCache,
 }
 
 /// A read call in flight: a `WeakShared` of its shared future (typed by the call's result).
@@ -242,6 +261,8 @@ impl Provider {
             throttle: Throttle::default(),
             metrics: CallMetrics::default(),
             in_flight_reads: Mutex::new(HashMap::new()),
+            batcher: bulk::Batcher::new(options.instance_batch_window, options.instance_batch_size),
+            instance_cache: instance_cache::InstanceCache::default(),
         };
         Ok(Self {
             inner: Arc::new(inner),
