@@ -101,6 +101,16 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
     provider.metrics().register(&mut registry);
     let registry = Arc::new(registry);
     let health = http::Health::default();
+    {
+        // Beyond upstream: a provider whose calls hang in the plugin (past their deadline, up to
+        // the pool's cap) has its calls refused; /healthz says so, so a liveness probe restarts
+        // a host that only a restart can free (provider::pool).
+        let provider = provider.clone();
+        health.add_check(
+            "cloud-provider-calls",
+            Arc::new(move || provider.call_health()),
+        );
+    }
     if args.secure_port != 0 {
         let addr = SocketAddr::new(args.bind_address, args.secure_port);
         let tls = match &settings.tls {

@@ -79,6 +79,8 @@ pub struct CallMetrics {
     pub throttle_wait: Family<CallerLabels, Histogram, fn() -> Histogram>,
     /// Bulk instance lookups and the instance cache ([`super::bulk`]).
     pub bulk: super::bulk::BulkMetrics,
+    /// The provider's call threads ([`super::pool`]).
+    pub pool: super::pool::PoolMetrics,
 }
 
 impl Default for CallMetrics {
@@ -96,6 +98,7 @@ impl Default for CallMetrics {
             throttle_pause: Counter::default(),
             throttle_wait: Family::new_with_constructor(latency_histogram),
             bulk: super::bulk::BulkMetrics::default(),
+            pool: super::pool::PoolMetrics::default(),
         }
     }
 }
@@ -165,6 +168,21 @@ impl CallMetrics {
             self.throttle_wait.clone(),
         );
         self.bulk.register(registry);
+        registry.register(
+            "ccm_provider_calls_hung",
+            "Provider call threads still running a call whose caller gave up (deadline passed); at the cap the provider's calls are refused",
+            self.pool.hung.clone(),
+        );
+        registry.register(
+            "ccm_provider_calls_refused",
+            "Provider calls failed at once because too many earlier calls hung in the plugin",
+            self.pool.refused.clone(),
+        );
+        registry.register(
+            "ccm_provider_call_threads",
+            "Threads of the provider's call pool (workers and hung)",
+            self.pool.threads.clone(),
+        );
     }
 }
 

@@ -20,19 +20,20 @@ pub mod bulk;
 mod call_metrics;
 mod host_services;
 pub mod instance_cache;
-pub mod lifecycle;
+pub mod pool;
 pub mod throttle;
 
 use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use abi_stable::std_types::{RResult, RString};
 use ccm_provider_abi::abi::{
-    ClustersBox, InstancesBox, InstancesV2Box, LoadBalancerBox, RoutesBox, ZonesBox,
+    CloudProviderBox, ClustersBox, InstancesBox, InstancesV2Box, LoadBalancerBox, RoutesBox,
+    ZonesBox,
 };
 use ccm_provider_abi::ext::{ExtCapabilities, ProviderExtBox};
 use ccm_provider_abi::types::AbiRoute;
@@ -48,7 +49,6 @@ use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels
 pub use ccm_provider_abi::ext::InstanceQuery;
 pub use host_services::HostServices;
 pub use instance_cache::{CacheUse, InstanceAnswer};
-pub use lifecycle::{ReloadError, ReloadMethod, ReloadMetrics};
 use throttle::Throttle;
 pub use throttle::Throttled;
 
@@ -132,21 +132,22 @@ type SharedCall<T> = Shared<BoxFuture<'static, Result<T, ProviderError>>>;
 
 struct Inner {
     registered_name: String,
+    provider_name: String,
     plugin_path: PathBuf,
     options: ProviderOptions,
-    /// The plugin's objects (cloud, capability objects, 1.1 extension), replaced as a whole by a
-    /// `--cloud-config` reload; every call clones what it needs out of it at its start
-    /// ([`lifecycle`]). Everything else here is the host's and survives a reload.
-    plugin: RwLock<Arc<lifecycle::Plugin>>,
-    /// What the provider offers (provider name, capabilities, platforms, ...): the first
-    /// instance's, fixed for the life of the provider (a reload must keep it).
-    identity: lifecycle::Identity,
-    /// The factory, for rebuilding the provider with a new config.
-    factory: Arc<Factory>,
-    /// Serialises reloads and `Initialize`; remembers what `Initialize` was given.
-    lifecycle: tokio::sync::Mutex<lifecycle::Lifecycle>,
-    /// `ccm_cloud_config_reloads_total`.
-    reload_metrics: ReloadMetrics,
+    cloud: Arc<CloudProviderBox>,
+    load_balancer: Option<Arc<LoadBalancerBox>>,
+    instances: Option<Arc<InstancesBox>>,
+    instances_v2: Option<Arc<InstancesV2Box>>,
+    zones: Option<Arc<ZonesBox>>,
+    clusters: Option<Arc<ClustersBox>>,
+    routes: Option<Arc<RoutesBox>>,
+    /// The ABI 1.1 additions, when the plugin offers them.
+    ext: Option<Arc<ProviderExtBox>>,
+    /// What the extension declared (empty without one).
+    ext_capabilities: ExtCapabilities,
+    /// The platforms (providerID prefixes) this provider owns.
+    platforms: Vec<String>,
     budget: Option<FairLimiter>,
     /// The pause after a throttled call, shared by every caller and method.
     throttle: Throttle,
@@ -158,6 +159,8 @@ struct Inner {
     batcher: bulk::Batcher,
     /// Instance answers, read by each caller with a max-age of its own.
     instance_cache: instance_cache::InstanceCache,
+    /// The threads calls run on.
+    pool: pool::CallPool,
 }
 
 /// A read call in flight: a `WeakShared` of its shared future (typed by the call's result).
@@ -213,20 +216,55 @@ impl Provider {
         config: Option<&[u8]>,
         options: &ProviderOptions,
     ) -> Result<Self, ProviderError> {
-        let plugin = lifecycle::Plugin::build(factory, config, options.call_timeout)?;
+        let factory = factory.clone();
+        let config = config.map(<[u8]>::to_vec);
+        let (cloud, ext) =
+            run_with_deadline("provider factory", options.call_timeout, move || {
+                let config = config.as_deref().map(Into::into).into();
+                match &*factory {
+                    Factory::V1_0(f) => f.create(config).map(|cloud| (cloud, None)),
+                    Factory::V1_1(f) => f.create(config).map(|p| (p.base, Some(p.ext))),
+                }
+            })?;
+        let cloud = Arc::new(cloud);
+        let provider_name = cloud.provider_name().into_string();
+        let ext_capabilities = ext
+            .as_ref()
+            .map_or(ExtCapabilities::empty(), |e| e.capabilities());
+        let mut platforms: Vec<String> = ext
+            .as_ref()
+            .map(|e| {
+                e.platforms()
+                    .into_iter()
+                    .map(RString::into_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if platforms.is_empty() {
+            // A 1.0 plugin, or a 1.1 provider that declared none: its ProviderName's scheme.
+            platforms.push(format!("{provider_name}://"));
+        }
+        let metrics = CallMetrics::default();
         let inner = Inner {
             registered_name: registered_name.to_string(),
+            provider_name,
             plugin_path: plugin_path.to_path_buf(),
             options: options.clone(),
-            identity: plugin.identity.clone(),
-            plugin: RwLock::new(Arc::new(plugin)),
-            factory: factory.clone(),
-            lifecycle: tokio::sync::Mutex::default(),
-            reload_metrics: ReloadMetrics::default(),
+            load_balancer: cloud.load_balancer().into_option().map(Arc::new),
+            instances: cloud.instances().into_option().map(Arc::new),
+            instances_v2: cloud.instances_v2().into_option().map(Arc::new),
+            zones: cloud.zones().into_option().map(Arc::new),
+            clusters: cloud.clusters().into_option().map(Arc::new),
+            routes: cloud.routes().into_option().map(Arc::new),
+            ext: ext.map(Arc::new),
+            ext_capabilities,
+            platforms,
+            cloud,
             budget: (options.cloud_api_qps > 0.0)
                 .then(|| FairLimiter::new(options.cloud_api_qps, options.cloud_api_burst)),
             throttle: Throttle::default(),
-            metrics: CallMetrics::default(),
+            pool: pool::CallPool::new(registered_name, metrics.pool.clone()),
+            metrics,
             in_flight_reads: Mutex::new(HashMap::new()),
             batcher: bulk::Batcher::new(options.instance_batch_window, options.instance_batch_size),
             instance_cache: instance_cache::InstanceCache::default(),
@@ -273,7 +311,7 @@ impl Provider {
 
     /// `ProviderName()`: the scheme of provider IDs.
     pub fn provider_name(&self) -> &str {
-        &self.inner.identity.provider_name
+        &self.inner.provider_name
     }
 
     /// The plugin file the provider came from.
@@ -284,7 +322,7 @@ impl Provider {
     /// The ccm-provider-abi generation of the provider's interface: `1.1` when its plugin
     /// offers the 1.1 extension, else `1.0`.
     pub fn abi_generation(&self) -> &'static str {
-        if self.inner.identity.abi_1_1 {
+        if self.inner.ext.is_some() {
             "1.1"
         } else {
             "1.0"
@@ -293,22 +331,30 @@ impl Provider {
 
     /// The platforms (providerID prefixes, KEP-5778) this provider owns.
     pub fn platforms(&self) -> &[String] {
-        &self.inner.identity.platforms
+        &self.inner.platforms
     }
 
     /// What the provider's ABI 1.1 extension declared (empty for a 1.0 plugin).
     pub fn ext_capabilities(&self) -> ExtCapabilities {
-        self.inner.identity.ext_capabilities
+        self.inner.ext_capabilities
     }
 
     /// `HasClusterID()`.
     pub fn has_cluster_id(&self) -> bool {
-        self.inner.identity.has_cluster_id
+        self.inner.cloud.has_cluster_id()
     }
 
     /// The optional capabilities present.
     pub fn capabilities(&self) -> Capabilities {
-        self.inner.identity.capabilities
+        let i = &self.inner;
+        Capabilities {
+            load_balancer: i.load_balancer.is_some(),
+            instances: i.instances.is_some(),
+            instances_v2: i.instances_v2.is_some(),
+            zones: i.zones.is_some(),
+            clusters: i.clusters.is_some(),
+            routes: i.routes.is_some(),
+        }
     }
 
     /// The end of the throttling pause in effect, if any ([`throttle`]).
@@ -365,18 +411,30 @@ impl Provider {
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
         let plugin = self.inner.plugin_path.clone();
-        // A fatal signal inside the plugin names the plugin and the call (crate::crash).
-        let task = tokio::task::spawn_blocking(move || {
+        // On the provider's own bounded pool ([`pool`]); a fatal signal inside the plugin names
+        // the plugin and the call (crate::crash).
+        let submitted = self.inner.pool.submit(move || {
             crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result())
         });
-        let outcome = tokio::time::timeout(timeout, task).await;
+        let mut task = match submitted {
+            Ok(task) => task,
+            Err(refused) => {
+                guard.0 = None;
+                return Err(self.count_error(op, ProviderError::other(refused)));
+            }
+        };
+        let outcome = tokio::time::timeout(timeout, &mut task).await;
+        // Dropping the pool's handle abandons the call if it is still running.
+        drop(task);
         let result = match outcome {
             Ok(Ok(result)) => {
                 guard.0 = None;
                 result
             }
             // The SDK catches plugin panics; this is a panic in the host's own closure.
-            Ok(Err(join)) => Err(ProviderError::panicked(format!("{op}: {join}"))),
+            Ok(Err(_)) => Err(ProviderError::panicked(format!(
+                "{op}: the call's thread ended without an answer"
+            ))),
             Err(_) => {
                 ctx.cancel();
                 guard.0 = None;
@@ -397,22 +455,41 @@ impl Provider {
             }
             Err(e) => Err(self.throttled(op, epoch, e)),
         };
-        if let Err(e) = &result {
-            let kind = e.kind();
-            metrics
-                .errors
-                .get_or_create(&ErrorLabels {
-                    method: op,
-                    kind: kind.name(),
-                })
-                .inc();
-            if kind == ccm_provider_abi::ErrorKind::PANICKED {
-                metrics.panics.get_or_create(&method).inc();
-            } else if kind == ccm_provider_abi::ErrorKind::DEADLINE_EXCEEDED {
-                metrics.timeouts.get_or_create(&method).inc();
-            }
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.count_error(op, e)),
         }
-        result
+    }
+
+    /// Count a failed call in the error metrics.
+    fn count_error(&self, op: &'static str, e: ProviderError) -> ProviderError {
+        let metrics = &self.inner.metrics;
+        let kind = e.kind();
+        metrics
+            .errors
+            .get_or_create(&ErrorLabels {
+                method: op,
+                kind: kind.name(),
+            })
+            .inc();
+        let method = MethodLabels { method: op };
+        if kind == ccm_provider_abi::ErrorKind::PANICKED {
+            metrics.panics.get_or_create(&method).inc();
+        } else if kind == ccm_provider_abi::ErrorKind::DEADLINE_EXCEEDED {
+            metrics.timeouts.get_or_create(&method).inc();
+        }
+        e
+    }
+
+    /// Whether the provider's calls run (`Err`: too many calls hung in the plugin, so new ones
+    /// are refused; see [`pool`]).
+    pub fn call_health(&self) -> Result<(), String> {
+        self.inner.pool.health()
+    }
+
+    /// Threads of the provider's call pool now.
+    pub fn call_threads(&self) -> usize {
+        self.inner.pool.threads()
     }
 
     /// React to a `THROTTLED` answer: pause every call to the provider ([`throttle`]), count
@@ -423,7 +500,7 @@ impl Provider {
         let Some(delay) = e.throttle_delay() else {
             return e;
         };
-        if !self.inner.identity.abi_1_1 {
+        if self.inner.ext.is_none() {
             return ProviderError::other(e.message());
         }
         let applied = self.inner.throttle.on_throttled(epoch, delay);
@@ -509,45 +586,52 @@ impl Provider {
         result
     }
 
-    /// The current instance's ABI 1.1 extension, if the plugin offers one.
-    pub(crate) fn ext(&self) -> Option<Arc<ProviderExtBox>> {
-        self.plugin().ext.clone()
-    }
-
-    /// One object of the current instance (a reference-count increment under the read lock).
-    fn object<T>(
-        &self,
-        pick: impl FnOnce(&lifecycle::Plugin) -> Option<&Arc<T>>,
-        capability: &str,
-    ) -> Result<Arc<T>, ProviderError> {
-        let plugin = self.inner.plugin.read().unwrap_or_else(|p| p.into_inner());
-        pick(&plugin)
-            .cloned()
-            .ok_or_else(|| unsupported(capability))
+    /// `Initialize`.
+    pub async fn initialize(&self, host: HostServices) -> Result<(), ProviderError> {
+        let cloud = self.inner.cloud.clone();
+        self.call("Initialize", move |ctx| {
+            cloud.initialize(ctx, host.into_abi())
+        })
+        .await
     }
 
     fn lb(&self) -> Result<Arc<LoadBalancerBox>, ProviderError> {
-        self.object(|p| p.load_balancer.as_ref(), "LoadBalancer")
+        self.inner
+            .load_balancer
+            .clone()
+            .ok_or_else(|| unsupported("LoadBalancer"))
     }
 
     fn legacy(&self) -> Result<Arc<InstancesBox>, ProviderError> {
-        self.object(|p| p.instances.as_ref(), "Instances")
+        self.inner
+            .instances
+            .clone()
+            .ok_or_else(|| unsupported("Instances"))
     }
 
     fn v2(&self) -> Result<Arc<InstancesV2Box>, ProviderError> {
-        self.object(|p| p.instances_v2.as_ref(), "InstancesV2")
+        self.inner
+            .instances_v2
+            .clone()
+            .ok_or_else(|| unsupported("InstancesV2"))
     }
 
     fn zones(&self) -> Result<Arc<ZonesBox>, ProviderError> {
-        self.object(|p| p.zones.as_ref(), "Zones")
+        self.inner.zones.clone().ok_or_else(|| unsupported("Zones"))
     }
 
     fn routes(&self) -> Result<Arc<RoutesBox>, ProviderError> {
-        self.object(|p| p.routes.as_ref(), "Routes")
+        self.inner
+            .routes
+            .clone()
+            .ok_or_else(|| unsupported("Routes"))
     }
 
     fn clusters(&self) -> Result<Arc<ClustersBox>, ProviderError> {
-        self.object(|p| p.clusters.as_ref(), "Clusters")
+        self.inner
+            .clusters
+            .clone()
+            .ok_or_else(|| unsupported("Clusters"))
     }
 
     // ---- LoadBalancer ----------------------------------------------------------------------
@@ -886,7 +970,7 @@ impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Provider")
             .field("registered_name", &self.inner.registered_name)
-            .field("provider_name", &self.inner.identity.provider_name)
+            .field("provider_name", &self.inner.provider_name)
             .field("plugin_path", &self.inner.plugin_path)
             .field("capabilities", &self.capabilities())
             .finish()
