@@ -439,3 +439,66 @@ fn plugins_command_lists_providers_capabilities_and_refusals() {
         .unwrap()
         .contains("not an ELF"));
 }
+
+fn process_threads() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// Containment: 1,000 calls into a provider whose calls hang and ignore their cancellation
+/// leave a bounded number of threads, make that provider report itself unhealthy and refuse
+/// further calls at once, and another provider's calls keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_hung_calls_stay_bounded_and_another_provider_keeps_working() {
+    use ccm_host::provider::pool::{HUNG_CAP, MAX_WORKERS};
+    let dir = PluginDir::new()
+        .with(libs::FAKE, "fake.so")
+        .with(libs::MISBEHAVING, "hang-calls.so");
+    let registry = load(dir.path());
+    let options = ProviderOptions {
+        call_timeout: Duration::from_millis(300),
+        ..ProviderOptions::default()
+    };
+    let hung = registry.create("hung", None, &options).expect("hung builds");
+    let fake = registry.create("fake", None, &options).expect("fake builds");
+    let before = process_threads();
+    let calls = (0..1000).map(|i| {
+        let hung = hung.clone();
+        async move { hung.instance_metadata(&node(&format!("n{i}"))).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    let (mut deadline, mut refused) = (0, 0);
+    for r in &results {
+        let e = r.as_ref().expect_err("a hung call cannot succeed");
+        if e.kind() == ErrorKind::DEADLINE_EXCEEDED {
+            deadline += 1;
+        } else {
+            assert!(e.to_string().contains("are stuck in the plugin"), "{e}");
+            refused += 1;
+        }
+    }
+    let threads = process_threads();
+    println!(
+        "1,000 hung calls: {deadline} timed out, {refused} refused at once; pool threads {}, process threads {before} -> {threads}",
+        hung.call_threads()
+    );
+    assert!(hung.call_threads() <= MAX_WORKERS + HUNG_CAP);
+    assert!(
+        threads <= before + MAX_WORKERS + HUNG_CAP,
+        "{before} -> {threads} threads"
+    );
+    let unhealthy = hung.call_health().expect_err("the hung provider is unhealthy");
+    assert!(unhealthy.contains("provider hung"), "{unhealthy}");
+    // Refused at once from now on (before it reaches the pool, so not a deadline error).
+    let e = hung.instance_metadata(&node("late")).await.unwrap_err();
+    assert!(e.to_string().contains("are stuck in the plugin"), "{e}");
+    assert_ne!(e.kind(), ErrorKind::DEADLINE_EXCEEDED);
+    // Another provider has its own threads.
+    let answer = fake.instance_metadata(&node("node-1")).await;
+    assert!(answer.is_ok(), "{answer:?}");
+    assert!(fake.call_health().is_ok());
+}
