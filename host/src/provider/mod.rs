@@ -20,6 +20,7 @@ pub mod bulk;
 mod call_metrics;
 mod host_services;
 pub mod instance_cache;
+pub mod lifecycle;
 pub mod pool;
 pub mod throttle;
 
@@ -27,13 +28,12 @@ use std::any::Any;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use abi_stable::std_types::{RResult, RString};
 use ccm_provider_abi::abi::{
-    CloudProviderBox, ClustersBox, InstancesBox, InstancesV2Box, LoadBalancerBox, RoutesBox,
-    ZonesBox,
+    ClustersBox, InstancesBox, InstancesV2Box, LoadBalancerBox, RoutesBox, ZonesBox,
 };
 use ccm_provider_abi::ext::{ExtCapabilities, ProviderExtBox};
 use ccm_provider_abi::types::AbiRoute;
@@ -49,6 +49,7 @@ use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels
 pub use ccm_provider_abi::ext::InstanceQuery;
 pub use host_services::HostServices;
 pub use instance_cache::{CacheUse, InstanceAnswer};
+pub use lifecycle::{ReloadError, ReloadMethod, ReloadMetrics};
 use throttle::Throttle;
 pub use throttle::Throttled;
 
@@ -132,22 +133,21 @@ type SharedCall<T> = Shared<BoxFuture<'static, Result<T, ProviderError>>>;
 
 struct Inner {
     registered_name: String,
-    provider_name: String,
     plugin_path: PathBuf,
     options: ProviderOptions,
-    cloud: Arc<CloudProviderBox>,
-    load_balancer: Option<Arc<LoadBalancerBox>>,
-    instances: Option<Arc<InstancesBox>>,
-    instances_v2: Option<Arc<InstancesV2Box>>,
-    zones: Option<Arc<ZonesBox>>,
-    clusters: Option<Arc<ClustersBox>>,
-    routes: Option<Arc<RoutesBox>>,
-    /// The ABI 1.1 additions, when the plugin offers them.
-    ext: Option<Arc<ProviderExtBox>>,
-    /// What the extension declared (empty without one).
-    ext_capabilities: ExtCapabilities,
-    /// The platforms (providerID prefixes) this provider owns.
-    platforms: Vec<String>,
+    /// The plugin's objects (cloud, capability objects, 1.1 extension), replaced as a whole by a
+    /// `--cloud-config` reload; every call clones what it needs out of it at its start
+    /// ([`lifecycle`]). Everything else here is the host's and survives a reload.
+    plugin: RwLock<Arc<lifecycle::Plugin>>,
+    /// What the provider offers (provider name, capabilities, platforms, ...): the first
+    /// instance's, fixed for the life of the provider (a reload must keep it).
+    identity: lifecycle::Identity,
+    /// The factory, for rebuilding the provider with a new config.
+    factory: Arc<Factory>,
+    /// Serialises reloads and `Initialize`; remembers what `Initialize` was given.
+    lifecycle: tokio::sync::Mutex<lifecycle::Lifecycle>,
+    /// `ccm_cloud_config_reloads_total`.
+    reload_metrics: ReloadMetrics,
     budget: Option<FairLimiter>,
     /// The pause after a throttled call, shared by every caller and method.
     throttle: Throttle,
@@ -216,50 +216,17 @@ impl Provider {
         config: Option<&[u8]>,
         options: &ProviderOptions,
     ) -> Result<Self, ProviderError> {
-        let factory = factory.clone();
-        let config = config.map(<[u8]>::to_vec);
-        let (cloud, ext) =
-            run_with_deadline("provider factory", options.call_timeout, move || {
-                let config = config.as_deref().map(Into::into).into();
-                match &*factory {
-                    Factory::V1_0(f) => f.create(config).map(|cloud| (cloud, None)),
-                    Factory::V1_1(f) => f.create(config).map(|p| (p.base, Some(p.ext))),
-                }
-            })?;
-        let cloud = Arc::new(cloud);
-        let provider_name = cloud.provider_name().into_string();
-        let ext_capabilities = ext
-            .as_ref()
-            .map_or(ExtCapabilities::empty(), |e| e.capabilities());
-        let mut platforms: Vec<String> = ext
-            .as_ref()
-            .map(|e| {
-                e.platforms()
-                    .into_iter()
-                    .map(RString::into_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if platforms.is_empty() {
-            // A 1.0 plugin, or a 1.1 provider that declared none: its ProviderName's scheme.
-            platforms.push(format!("{provider_name}://"));
-        }
+        let plugin = lifecycle::Plugin::build(factory, config, options.call_timeout)?;
         let metrics = CallMetrics::default();
         let inner = Inner {
             registered_name: registered_name.to_string(),
-            provider_name,
             plugin_path: plugin_path.to_path_buf(),
             options: options.clone(),
-            load_balancer: cloud.load_balancer().into_option().map(Arc::new),
-            instances: cloud.instances().into_option().map(Arc::new),
-            instances_v2: cloud.instances_v2().into_option().map(Arc::new),
-            zones: cloud.zones().into_option().map(Arc::new),
-            clusters: cloud.clusters().into_option().map(Arc::new),
-            routes: cloud.routes().into_option().map(Arc::new),
-            ext: ext.map(Arc::new),
-            ext_capabilities,
-            platforms,
-            cloud,
+            identity: plugin.identity.clone(),
+            plugin: RwLock::new(Arc::new(plugin)),
+            factory: factory.clone(),
+            lifecycle: tokio::sync::Mutex::default(),
+            reload_metrics: ReloadMetrics::default(),
             budget: (options.cloud_api_qps > 0.0)
                 .then(|| FairLimiter::new(options.cloud_api_qps, options.cloud_api_burst)),
             throttle: Throttle::default(),
@@ -311,7 +278,7 @@ impl Provider {
 
     /// `ProviderName()`: the scheme of provider IDs.
     pub fn provider_name(&self) -> &str {
-        &self.inner.provider_name
+        &self.inner.identity.provider_name
     }
 
     /// The plugin file the provider came from.
@@ -322,7 +289,7 @@ impl Provider {
     /// The ccm-provider-abi generation of the provider's interface: `1.1` when its plugin
     /// offers the 1.1 extension, else `1.0`.
     pub fn abi_generation(&self) -> &'static str {
-        if self.inner.ext.is_some() {
+        if self.inner.identity.abi_1_1 {
             "1.1"
         } else {
             "1.0"
@@ -331,30 +298,22 @@ impl Provider {
 
     /// The platforms (providerID prefixes, KEP-5778) this provider owns.
     pub fn platforms(&self) -> &[String] {
-        &self.inner.platforms
+        &self.inner.identity.platforms
     }
 
     /// What the provider's ABI 1.1 extension declared (empty for a 1.0 plugin).
     pub fn ext_capabilities(&self) -> ExtCapabilities {
-        self.inner.ext_capabilities
+        self.inner.identity.ext_capabilities
     }
 
     /// `HasClusterID()`.
     pub fn has_cluster_id(&self) -> bool {
-        self.inner.cloud.has_cluster_id()
+        self.inner.identity.has_cluster_id
     }
 
     /// The optional capabilities present.
     pub fn capabilities(&self) -> Capabilities {
-        let i = &self.inner;
-        Capabilities {
-            load_balancer: i.load_balancer.is_some(),
-            instances: i.instances.is_some(),
-            instances_v2: i.instances_v2.is_some(),
-            zones: i.zones.is_some(),
-            clusters: i.clusters.is_some(),
-            routes: i.routes.is_some(),
-        }
+        self.inner.identity.capabilities
     }
 
     /// The end of the throttling pause in effect, if any ([`throttle`]).
@@ -500,7 +459,7 @@ impl Provider {
         let Some(delay) = e.throttle_delay() else {
             return e;
         };
-        if self.inner.ext.is_none() {
+        if !self.inner.identity.abi_1_1 {
             return ProviderError::other(e.message());
         }
         let applied = self.inner.throttle.on_throttled(epoch, delay);
@@ -586,52 +545,45 @@ impl Provider {
         result
     }
 
-    /// `Initialize`.
-    pub async fn initialize(&self, host: HostServices) -> Result<(), ProviderError> {
-        let cloud = self.inner.cloud.clone();
-        self.call("Initialize", move |ctx| {
-            cloud.initialize(ctx, host.into_abi())
-        })
-        .await
+    /// The current instance's ABI 1.1 extension, if the plugin offers one.
+    pub(crate) fn ext(&self) -> Option<Arc<ProviderExtBox>> {
+        self.plugin().ext.clone()
+    }
+
+    /// One object of the current instance (a reference-count increment under the read lock).
+    fn object<T>(
+        &self,
+        pick: impl FnOnce(&lifecycle::Plugin) -> Option<&Arc<T>>,
+        capability: &str,
+    ) -> Result<Arc<T>, ProviderError> {
+        let plugin = self.inner.plugin.read().unwrap_or_else(|p| p.into_inner());
+        pick(&plugin)
+            .cloned()
+            .ok_or_else(|| unsupported(capability))
     }
 
     fn lb(&self) -> Result<Arc<LoadBalancerBox>, ProviderError> {
-        self.inner
-            .load_balancer
-            .clone()
-            .ok_or_else(|| unsupported("LoadBalancer"))
+        self.object(|p| p.load_balancer.as_ref(), "LoadBalancer")
     }
 
     fn legacy(&self) -> Result<Arc<InstancesBox>, ProviderError> {
-        self.inner
-            .instances
-            .clone()
-            .ok_or_else(|| unsupported("Instances"))
+        self.object(|p| p.instances.as_ref(), "Instances")
     }
 
     fn v2(&self) -> Result<Arc<InstancesV2Box>, ProviderError> {
-        self.inner
-            .instances_v2
-            .clone()
-            .ok_or_else(|| unsupported("InstancesV2"))
+        self.object(|p| p.instances_v2.as_ref(), "InstancesV2")
     }
 
     fn zones(&self) -> Result<Arc<ZonesBox>, ProviderError> {
-        self.inner.zones.clone().ok_or_else(|| unsupported("Zones"))
+        self.object(|p| p.zones.as_ref(), "Zones")
     }
 
     fn routes(&self) -> Result<Arc<RoutesBox>, ProviderError> {
-        self.inner
-            .routes
-            .clone()
-            .ok_or_else(|| unsupported("Routes"))
+        self.object(|p| p.routes.as_ref(), "Routes")
     }
 
     fn clusters(&self) -> Result<Arc<ClustersBox>, ProviderError> {
-        self.inner
-            .clusters
-            .clone()
-            .ok_or_else(|| unsupported("Clusters"))
+        self.object(|p| p.clusters.as_ref(), "Clusters")
     }
 
     // ---- LoadBalancer ----------------------------------------------------------------------
@@ -970,7 +922,7 @@ impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Provider")
             .field("registered_name", &self.inner.registered_name)
-            .field("provider_name", &self.inner.provider_name)
+            .field("provider_name", &self.inner.identity.provider_name)
             .field("plugin_path", &self.inner.plugin_path)
             .field("capabilities", &self.capabilities())
             .finish()
