@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
 use super::resources::{self, RESOURCES};
+use super::reviews::{Policy, Rule, TokenEntry};
 use super::store::{Store, WriteOpts};
 
 /// One request as the server saw it.
@@ -78,6 +79,7 @@ pub(crate) struct ControlState {
     conflicts: Vec<(u32, String)>,
     pub latency: Duration,
     pub retry_after: u64,
+    pub policy: Policy,
 }
 
 impl Default for ControlState {
@@ -88,6 +90,7 @@ impl Default for ControlState {
             conflicts: Vec::new(),
             latency: Duration::ZERO,
             retry_after: 1,
+            policy: Policy::default(),
         }
     }
 }
@@ -299,5 +302,43 @@ impl Controls {
     /// resourceVersion older than now get 410 Gone.
     pub fn compact(&self) {
         self.shared.store.compact();
+    }
+
+    /// Make TokenReview (`authentication.k8s.io/v1`) authenticate the bearer `token` as `user`
+    /// with `groups` (plus `system:authenticated`, as the real API server adds). Registering a
+    /// token again replaces its user. Unknown tokens are answered `authenticated: false`.
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        let mut ctl = self.shared.ctl();
+        ctl.policy.tokens.retain(|t| t.token != token);
+        ctl.policy.tokens.push(TokenEntry {
+            token: token.into(),
+            user: user.into(),
+            uid: format!("uid-{user}"),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        });
+    }
+
+    /// Forget a token registered with [`Controls::add_token`]: its reviews answer
+    /// `authenticated: false` from now on.
+    pub fn remove_token(&self, token: &str) {
+        self.shared.ctl().policy.tokens.retain(|t| t.token != token);
+    }
+
+    /// Make SubjectAccessReview (`authorization.k8s.io/v1`) allow `subject`, a user name or a
+    /// group name, the `verbs` (`*`: all) on the non-resource `paths` (`/metrics`; a trailing
+    /// `*` matches a prefix; `*` alone every path), as a ClusterRole with `nonResourceURLs`
+    /// bound to it would. Everything no rule allows is denied, except for members of
+    /// `system:masters`, who are allowed everything; reviews of resource attributes are denied.
+    pub fn allow_non_resource(&self, subject: &str, verbs: &[&str], paths: &[&str]) {
+        self.shared.ctl().policy.rules.push(Rule {
+            subject: subject.into(),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+        });
+    }
+
+    /// Remove every rule added with [`Controls::allow_non_resource`] (tokens stay).
+    pub fn clear_access_rules(&self) {
+        self.shared.ctl().policy.rules.clear();
     }
 }

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::controls::{RequestRecord, Shared};
 use super::error::ApiError;
 use super::resources::{self, ResourceInfo, RESOURCES};
+use super::reviews;
 use super::select::{FieldSelector, LabelSelector};
 use super::store::{DeleteOpts, Event, EventType, ListQuery, PatchType, WatchStart, WriteOpts};
 use super::table;
@@ -229,6 +230,27 @@ async fn route(
     if rest.is_empty() {
         rec.verb = "discovery".into();
         return finish(resource_list(group, version).map(|v| json_response(200, &v)));
+    }
+    if let Some(kind) = reviews::review_kind(group, version, rest) {
+        rec.resource = kind.qualified().into();
+        if method != Method::POST {
+            rec.verb = method.as_str().to_lowercase();
+            let e = ApiError::new(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            );
+            return (error_response(&e), 405);
+        }
+        rec.verb = "create".into();
+        if let Some(e) = shared.take_fault("create", kind.qualified()) {
+            return (error_response(&e), e.code);
+        }
+        let answered = parse_body(content_type, &body).and_then(|review| {
+            let policy = shared.ctl().policy.clone();
+            kind.answer(&policy, review)
+        });
+        return finish(answered.map(|v| json_response(201, &v)));
     }
     let target = match parse_target(group, version, rest) {
         Ok(t) => t,

@@ -57,6 +57,17 @@
 //!   strategies and directives; unsupported ones are 422) and server-side apply.
 //! - Errors are `metav1.Status` with upstream reasons; 429 carries `Retry-After`.
 //!
+//! # Reviews for delegated authentication and authorization
+//! `POST /apis/authentication.k8s.io/v1/tokenreviews` and
+//! `POST /apis/authorization.k8s.io/v1/subjectaccessreviews` answer from a small policy set
+//! through [`Controls`]: tokens registered with [`Controls::add_token`] authenticate as their
+//! user (groups plus `system:authenticated`), others are `authenticated: false`; a review is
+//! allowed when a rule of [`Controls::allow_non_resource`] matches the user or one of its groups,
+//! the verb and the non-resource path, or when the groups include `system:masters`. Reviews are
+//! answered (201), not stored; they are logged and take injected faults as `create` on
+//! `tokenreviews.authentication.k8s.io` / `subjectaccessreviews.authorization.k8s.io`. They
+//! are not listed in discovery.
+//!
 //! # Server-side apply (simplified)
 //! Apply merges the applied object onto the live one (creating it if absent) with the strategic
 //! merge rules, requires `fieldManager` and accepts `force`. Ownership is tracked per leaf field
@@ -75,8 +86,9 @@
 //!   continued lists are not a snapshot (objects changed between pages may appear in their new
 //!   state; the reported resourceVersion is the first page's, so a watch from it replays them).
 //! - List items keep their `kind`/`apiVersion` (upstream omits them in lists).
-//! - No authentication/authorization, admission, protobuf, CBOR, or `resourceVersion` waits
-//!   for future versions; watches are never Tables.
+//! - No authentication or authorization of its own clients (every request is served; the
+//!   reviews above answer for other components), admission, protobuf, CBOR, or
+//!   `resourceVersion` waits for future versions; watches are never Tables.
 
 mod controls;
 mod error;
@@ -84,6 +96,7 @@ mod http;
 mod kubeconfig;
 pub mod patch;
 mod resources;
+mod reviews;
 mod select;
 mod store;
 mod table;

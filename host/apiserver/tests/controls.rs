@@ -291,3 +291,115 @@ async fn discovery_and_kubeconfig() {
     );
     server.shutdown().await;
 }
+
+/// TokenReview and SubjectAccessReview through kube's typed API, answered from the policy the
+/// controls set; logged and faulted as creates.
+#[tokio::test]
+async fn token_and_subject_access_reviews_follow_the_policy() {
+    use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+    use k8s_openapi::api::authorization::v1::{
+        NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let server = ApiServer::start().await.unwrap();
+    let ctl = server.controls();
+    let tokens: Api<TokenReview> = Api::all(server.client());
+    let reviews: Api<SubjectAccessReview> = Api::all(server.client());
+    let token_review = |token: &str| TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let access = |user: &str, groups: Vec<String>, path: &str| SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.into()),
+            groups: Some(groups),
+            non_resource_attributes: Some(NonResourceAttributes {
+                path: Some(path.into()),
+                verb: Some("get".into()),
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let pp = PostParams::default();
+
+    // Nothing registered: every token is refused, every path denied.
+    let status = tokens
+        .create(&pp, &token_review("s3cret"))
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.authenticated, Some(false));
+    let denied = reviews
+        .create(&pp, &access("prometheus", vec![], "/metrics"))
+        .await
+        .unwrap();
+    assert!(!denied.status.unwrap().allowed);
+
+    ctl.add_token("s3cret", "prometheus", &["monitoring"]);
+    ctl.allow_non_resource("monitoring", &["get"], &["/metrics"]);
+    let status = tokens
+        .create(&pp, &token_review("s3cret"))
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.authenticated, Some(true));
+    let user = status.user.unwrap();
+    assert_eq!(user.username.as_deref(), Some("prometheus"));
+    let groups = user.groups.unwrap();
+    assert_eq!(groups, ["monitoring", "system:authenticated"]);
+    let allowed = reviews
+        .create(&pp, &access("prometheus", groups.clone(), "/metrics"))
+        .await
+        .unwrap();
+    assert!(allowed.status.unwrap().allowed);
+    let other_path = reviews
+        .create(&pp, &access("prometheus", groups, "/configz"))
+        .await
+        .unwrap();
+    assert!(!other_path.status.unwrap().allowed);
+    let masters = reviews
+        .create(&pp, &access("admin", vec!["system:masters".into()], "/x"))
+        .await
+        .unwrap();
+    assert!(masters.status.unwrap().allowed);
+
+    ctl.remove_token("s3cret");
+    let status = tokens
+        .create(&pp, &token_review("s3cret"))
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.authenticated, Some(false));
+
+    // Logged as creates; faults apply; an empty token is invalid; other verbs are 405.
+    let log = ctl.requests();
+    assert!(log.iter().any(|r| r.verb == "create"
+        && r.resource == "tokenreviews.authentication.k8s.io"
+        && r.code == 201));
+    assert_eq!(
+        log.iter()
+            .filter(|r| r.resource == "subjectaccessreviews.authorization.k8s.io")
+            .count(),
+        4
+    );
+    ctl.fail_next(1, "create", "tokenreviews.authentication.k8s.io", 500);
+    let err = tokens.create(&pp, &token_review("x")).await.unwrap_err();
+    assert_eq!(api_code(&err), Some(500));
+    let err = tokens.create(&pp, &token_review("")).await.unwrap_err();
+    assert_eq!(api_code(&err), Some(422));
+    let (code, _) = raw(
+        &server,
+        "GET",
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(code, 405);
+}
