@@ -9,7 +9,7 @@ use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
 use serde_json::json;
 
-use crate::config::{FakeConfig, IpPool};
+use crate::config::{FakeConfig, IpPool, ReconfigureMode};
 use crate::control::{
     CallLog, CallRecord, ControlChange, ControlWatcher, FakeState, LoadBalancerRecord, RouteKey,
     RouteRecord, StateFile,
@@ -256,8 +256,9 @@ pub(crate) struct Inner {
     pub(crate) provider_name: String,
     caps: Capabilities,
     has_cluster_id: bool,
-    /// The factory configuration: what a removed control file goes back to.
-    base: FakeConfig,
+    /// The factory configuration (or the last one `reconfigure` applied): what a removed
+    /// control file goes back to.
+    base: Mutex<FakeConfig>,
     settings: RwLock<Arc<Settings>>,
     pub(crate) counters: Counters,
     control: Option<ControlWatcher>,
@@ -322,7 +323,7 @@ impl FakeCloud {
                 has_cluster_id: config.has_cluster_id,
                 settings: RwLock::new(Arc::new(Settings::build(config.clone(), &provider_name))),
                 provider_name,
-                base: config.clone(),
+                base: Mutex::new(config.clone()),
                 counters: Counters::default(),
                 control: dir.as_deref().map(ControlWatcher::new),
                 log,
@@ -398,23 +399,8 @@ impl FakeCloud {
     }
 
     fn install(&self, live: FakeConfig) {
-        let base = &self.inner.base;
         // Only the programmable part is live; the rest is fixed at creation.
-        let config = FakeConfig {
-            provider_name: base.provider_name.clone(),
-            has_cluster_id: base.has_cluster_id,
-            disable_instances: base.disable_instances,
-            disable_instances_v2: base.disable_instances_v2,
-            disable_load_balancers: base.disable_load_balancers,
-            disable_routes: base.disable_routes,
-            disable_zones: base.disable_zones,
-            disable_clusters: base.disable_clusters,
-            bulk_instances: base.bulk_instances,
-            state_dir: base.state_dir.clone(),
-            cloud_state_file: base.cloud_state_file,
-            routes: base.routes.clone(),
-            ..live
-        };
+        let config = with_fixed(live, &lock(&self.inner.base));
         let settings = Arc::new(Settings::build(config, &self.inner.provider_name));
         *self
             .inner
@@ -431,7 +417,10 @@ impl FakeCloud {
             match w.poll() {
                 ControlChange::None => {}
                 ControlChange::New(c) => self.install(*c),
-                ControlChange::Removed => self.install(self.inner.base.clone()),
+                ControlChange::Removed => {
+                    let base = lock(&self.inner.base).clone();
+                    self.install(base)
+                }
             }
         }
         self.inner
@@ -472,6 +461,46 @@ impl FakeCloud {
         }
         r
     }
+}
+
+/// `live` with the fields that are fixed at creation taken from `base`.
+fn with_fixed(live: FakeConfig, base: &FakeConfig) -> FakeConfig {
+    FakeConfig {
+        provider_name: base.provider_name.clone(),
+        has_cluster_id: base.has_cluster_id,
+        disable_instances: base.disable_instances,
+        disable_instances_v2: base.disable_instances_v2,
+        disable_load_balancers: base.disable_load_balancers,
+        disable_routes: base.disable_routes,
+        disable_zones: base.disable_zones,
+        disable_clusters: base.disable_clusters,
+        bulk_instances: base.bulk_instances,
+        state_dir: base.state_dir.clone(),
+        cloud_state_file: base.cloud_state_file,
+        shared_state: base.shared_state,
+        routes: base.routes.clone(),
+        ..live
+    }
+}
+
+/// The top-level keys fixed at creation that differ between `old` and `new`.
+fn fixed_changes(old: &FakeConfig, new: &FakeConfig) -> Vec<String> {
+    let (Ok(old), Ok(new)) = (
+        serde_json::to_value(with_fixed(FakeConfig::default(), old)),
+        serde_json::to_value(with_fixed(FakeConfig::default(), new)),
+    ) else {
+        return vec!["(unserialisable config)".into()];
+    };
+    let keys = |v: &serde_json::Value| -> std::collections::BTreeSet<String> {
+        v.as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    keys(&old)
+        .union(&keys(&new))
+        .filter(|k| old.get(k.as_str()) != new.get(k.as_str()))
+        .cloned()
+        .collect()
 }
 
 impl CloudProvider for FakeCloud {
@@ -530,6 +559,49 @@ impl CloudProvider for FakeCloud {
             .caps
             .clusters
             .then(|| Arc::new(self.clone()) as Arc<dyn Clusters>)
+    }
+
+    /// The `health` setting: healthy unless it names an error (not recorded in the call log,
+    /// so the host's periodic probe does not fill it).
+    fn health(&self, _ctx: &CallContext) -> Result<()> {
+        let s = self.settings();
+        crate::faults::health(s.config.health.as_ref(), &self.inner.counters)
+    }
+
+    /// New `--cloud-config` bytes, applied in place (`reconfigure: inPlace`, the default) unless
+    /// they change a field fixed at creation; `reconfigure: notImplemented` makes the host
+    /// rebuild the provider instead. A control file in force stays in force; the new config
+    /// is what removing it goes back to.
+    fn reconfigure(&self, _ctx: &CallContext, config: &[u8]) -> Result<()> {
+        let s = self.settings();
+        self.inner
+            .log
+            .record("reconfigure", json!({ "bytes": config.len() }));
+        if s.config.reconfigure == ReconfigureMode::NotImplemented {
+            return Err(ProviderError::not_implemented());
+        }
+        let new = FakeConfig::parse(config)?;
+        {
+            let mut base = lock(&self.inner.base);
+            let changed = fixed_changes(&base, &new);
+            if !changed.is_empty() {
+                return Err(ProviderError::invalid_config(format!(
+                    "fake cloud: reconfigure cannot change {} (fixed when the cloud is created)",
+                    changed.join(", ")
+                )));
+            }
+            *base = new.clone();
+        }
+        if !self
+            .inner
+            .control
+            .as_ref()
+            .is_some_and(ControlWatcher::active)
+        {
+            self.install(new);
+        }
+        ccm_provider_abi::log::info!("fake cloud: reconfigured in place");
+        Ok(())
     }
 
     fn routes(&self) -> Option<Arc<dyn Routes>> {

@@ -160,6 +160,31 @@ pub struct FakeConfig {
     /// Methods that block at their start while the given file exists.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pause: BTreeMap<String, PathBuf>,
+
+    /// What the ABI 1.1 health probe answers: left out, healthy; an error spec, that error
+    /// (`{kind: not_implemented}`: the provider offers no probe).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<ErrorSpec>,
+    /// What the ABI 1.1 `reconfigure` does with new `--cloud-config` bytes.
+    #[serde(skip_serializing_if = "ReconfigureMode::is_in_place")]
+    pub reconfigure: ReconfigureMode,
+}
+
+/// What the fake's `reconfigure` does (`reconfigure:` in the config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ReconfigureMode {
+    /// Apply the new config to the running cloud (the fields fixed at creation must not change).
+    #[default]
+    InPlace,
+    /// Answer `NOT_IMPLEMENTED`: the host rebuilds the provider from its factory instead.
+    NotImplemented,
+}
+
+impl ReconfigureMode {
+    fn is_in_place(&self) -> bool {
+        *self == Self::InPlace
+    }
 }
 
 impl Default for FakeConfig {
@@ -194,6 +219,8 @@ impl Default for FakeConfig {
             panics: Vec::new(),
             hang: Vec::new(),
             pause: BTreeMap::new(),
+            health: None,
+            reconfigure: ReconfigureMode::InPlace,
         }
     }
 }
@@ -673,10 +700,15 @@ impl FakeConfig {
         for m in &self.hang {
             check_method("hang", m)?;
         }
-        for (m, spec) in &self.errors {
+        let specs = self
+            .errors
+            .iter()
+            .map(|(m, spec)| (format!("errors.{m}"), spec))
+            .chain(self.health.iter().map(|spec| ("health".to_string(), spec)));
+        for (field, spec) in specs {
             if spec.kind == InjectedKind::RetryAfter && spec.retry_after.is_none() {
                 return bad(format!(
-                    "errors.{m}: kind retry_after needs retryAfter (for example \"42s\")"
+                    "{field}: kind retry_after needs retryAfter (for example \"42s\")"
                 ));
             }
         }

@@ -419,6 +419,14 @@ impl ControlWatcher {
         }
     }
 
+    /// Whether a control file was in force at the last [`ControlWatcher::poll`].
+    pub(crate) fn active(&self) -> bool {
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
     pub(crate) fn poll(&self) -> ControlChange {
         let now = fs::metadata(&self.path).ok().map(|m| Fingerprint {
             ino: m.ino(),

@@ -115,6 +115,15 @@ pub(crate) fn instance_error_any(
     Ok(())
 }
 
+/// The answer of the health probe: the configured `health` error (its `times` budget counted
+/// like an injected error's), else healthy.
+pub(crate) fn health(spec: Option<&ErrorSpec>, counters: &Counters) -> Result<(), ProviderError> {
+    match spec {
+        Some(spec) if counters.consume("health", spec) => Err(spec.to_error("Health")),
+        _ => Ok(()),
+    }
+}
+
 /// What is left of each `times: N` budget. Reset whenever the settings are replaced.
 #[derive(Debug, Default)]
 pub(crate) struct Counters(Mutex<HashMap<String, u32>>);

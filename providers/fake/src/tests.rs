@@ -898,6 +898,112 @@ fn control_file_present_at_start_is_applied() {
 }
 
 #[test]
+fn reconfigure_applies_new_config_in_place_and_refuses_creation_time_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = state_dir_cloud(dir.path(), "defaults: {instanceType: small}\n");
+    let x = ctx();
+    let n = node("n1", None);
+    let kind = |c: &FakeCloud| c.instance_metadata(&x, &n).unwrap().unwrap().instance_type;
+    assert_eq!(kind(&c), "small");
+
+    let text = |extra: &str| format!("stateDir: {}\n{extra}", dir.path().display());
+    c.reconfigure(&x, text("defaults: {instanceType: large}\n").as_bytes())
+        .unwrap();
+    assert_eq!(
+        kind(&c),
+        "large",
+        "the same instance answers with the new config"
+    );
+    assert!(read_calls(dir.path())
+        .unwrap()
+        .iter()
+        .any(|r| r.call == "reconfigure"));
+
+    // Bad bytes and creation-time changes are refused; the config in force stays.
+    let e = c
+        .reconfigure(&x, b"defaults: {instanceTyp: x}")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::INVALID_CONFIG);
+    let e = c
+        .reconfigure(
+            &x,
+            text("disableRoutes: true\nproviderName: other\n").as_bytes(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::INVALID_CONFIG);
+    assert!(
+        e.message().contains("disableRoutes, providerName"),
+        "{}",
+        e.message()
+    );
+    let e = c.reconfigure(&x, b"{}").unwrap_err();
+    assert!(e.message().contains("stateDir"), "{}", e.message());
+    assert_eq!(kind(&c), "large");
+
+    // A control file in force stays in force; removing it goes back to the reconfigured config.
+    write_control(
+        dir.path(),
+        &FakeConfig {
+            defaults: crate::config::Defaults {
+                instance_type: "control".into(),
+                ..Default::default()
+            },
+            ..FakeConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(kind(&c), "control");
+    c.reconfigure(&x, text("defaults: {instanceType: xl}\n").as_bytes())
+        .unwrap();
+    assert_eq!(kind(&c), "control");
+    control::remove_control(dir.path()).unwrap();
+    assert_eq!(kind(&c), "xl");
+
+    // The switch: NOT_IMPLEMENTED, so that the host rebuilds the provider instead.
+    c.reconfigure(
+        &x,
+        text("defaults: {instanceType: xl}\nreconfigure: notImplemented\n").as_bytes(),
+    )
+    .unwrap();
+    let e = c
+        .reconfigure(&x, text("defaults: {instanceType: xxl}\n").as_bytes())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NOT_IMPLEMENTED);
+    assert_eq!(kind(&c), "xl");
+}
+
+#[test]
+fn health_follows_the_health_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = state_dir_cloud(dir.path(), "");
+    let x = ctx();
+    c.health(&x).unwrap();
+    let mut control = FakeConfig::default();
+    control.health =
+        Some(ErrorSpec::new(InjectedKind::Unauthorized).message("credentials rejected"));
+    write_control(dir.path(), &control).unwrap();
+    let e = c.health(&x).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.message()),
+        (ErrorKind::UNAUTHORIZED, "credentials rejected")
+    );
+    control.health = Some(ErrorSpec::new(InjectedKind::NotImplemented));
+    write_control(dir.path(), &control).unwrap();
+    assert_eq!(c.health(&x).unwrap_err().kind(), ErrorKind::NOT_IMPLEMENTED);
+    control::remove_control(dir.path()).unwrap();
+    c.health(&x).unwrap();
+    assert!(
+        !read_calls(dir.path())
+            .unwrap()
+            .iter()
+            .any(|r| r.call == "health"),
+        "probes stay out of the call log"
+    );
+    // `retry_after` needs its delay here too.
+    assert!(FakeCloud::new(FAKE, Flavour::Fake, Some(b"health: {kind: retry_after}")).is_err());
+}
+
+#[test]
 fn call_log_and_cloud_state_files() {
     let dir = tempfile::tempdir().unwrap();
     let c = state_dir_cloud(dir.path(), "providerName: aws\n");
