@@ -331,18 +331,6 @@ impl AwsClient {
         Ok(out)
     }
 
-    /// AddTags to several resources.
-    pub async fn add_tags(
-        &self,
-        arns: &[String],
-        tags: &BTreeMap<String, String>,
-    ) -> Result<(), AwsError> {
-        let mut p = Params::new();
-        p.member_list("ResourceArns", arns)
-            .member_tags("Tags", tags);
-        self.elb_call("AddTags", &p).await.map(drop)
-    }
-
     /// DescribeLoadBalancerAttributes.
     pub async fn load_balancer_attributes(
         &self,
