@@ -20,6 +20,7 @@ pub mod bulk;
 mod call_metrics;
 mod host_services;
 pub mod instance_cache;
+pub mod limits;
 pub mod lifecycle;
 pub mod pool;
 pub mod throttle;
@@ -328,7 +329,7 @@ impl Provider {
     /// budget does not use it up. Dropping the future ends either wait at once.
     pub async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, ProviderError>
     where
-        T: Send + 'static,
+        T: limits::Bounded + Send + 'static,
         F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
     {
         let metrics = &self.inner.metrics;
@@ -388,7 +389,8 @@ impl Provider {
         let result = match outcome {
             Ok(Ok(result)) => {
                 guard.0 = None;
-                result
+                // What the plugin returned stays within the host's limits ([`limits`]).
+                result.and_then(|value| limits::check(op, value))
             }
             // The SDK catches plugin panics; this is a panic in the host's own closure.
             Ok(Err(_)) => Err(ProviderError::panicked(format!(
@@ -488,7 +490,7 @@ impl Provider {
     /// The plugin call is cancelled only when every waiter has gone away.
     async fn read_call<T, F>(&self, op: &'static str, key: String, f: F) -> Result<T, ProviderError>
     where
-        T: Clone + Send + Sync + 'static,
+        T: limits::Bounded + Clone + Send + Sync + 'static,
         F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
     {
         let key = format!("{op}\0{key}");
