@@ -113,6 +113,15 @@ pub struct RunArgs {
     /// The most nodes asked about in one bulk instance lookup (beyond upstream).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_INSTANCE_BATCH_SIZE as i64)]
     pub instance_batch_size: i64,
+    /// How often the --cloud-config file is checked for changes (a mounted Secret or ConfigMap
+    /// included); changed bytes are handed to the provider without a restart (beyond
+    /// upstream). 0 = no hot reload.
+    #[arg(long, default_value = "5s")]
+    pub cloud_config_reload_period: String,
+    /// How often the provider's health probe (ABI 1.1) runs; its last answer is the
+    /// cloud-provider check of /readyz (beyond upstream). 0 = no probe.
+    #[arg(long, default_value = "30s")]
+    pub provider_health_period: String,
 
     // ---- leader election ----
     /// Run leader election (only the lease holder runs controllers).
@@ -187,6 +196,10 @@ pub struct RunSettings {
     pub instance_batch_window: Duration,
     /// `--instance-batch-size`.
     pub instance_batch_size: usize,
+    /// `--cloud-config-reload-period` (zero: no hot reload).
+    pub cloud_config_reload_period: Duration,
+    /// `--provider-health-period` (zero: no probe).
+    pub provider_health_period: Duration,
     /// Client-side API request rate.
     pub kube_api_qps: f64,
     /// Client-side API burst.
@@ -234,6 +247,12 @@ impl RunArgs {
         let _ = duration("node-sync-period", &self.node_sync_period, true);
         let call_timeout = duration("provider-call-timeout", &self.provider_call_timeout, false);
         let batch_window = duration("instance-batch-window", &self.instance_batch_window, true);
+        let reload_period = duration(
+            "cloud-config-reload-period",
+            &self.cloud_config_reload_period,
+            true,
+        );
+        let health_period = duration("provider-health-period", &self.provider_health_period, true);
         let lease = duration(
             "leader-elect-lease-duration",
             &self.leader_elect_lease_duration,
@@ -400,6 +419,8 @@ impl RunArgs {
             cloud_api_burst: u32::try_from(self.cloud_api_burst).unwrap_or(1),
             instance_batch_window: batch_window,
             instance_batch_size: batch_size.unwrap_or(DEFAULT_INSTANCE_BATCH_SIZE),
+            cloud_config_reload_period: reload_period,
+            provider_health_period: health_period,
             kube_api_qps: self.kube_api_qps,
             kube_api_burst: u32::try_from(self.kube_api_burst).unwrap_or(1),
             tls,
@@ -618,6 +639,30 @@ mod tests {
         .unwrap();
         assert_eq!((s.cloud_api_qps, s.cloud_api_burst), (12.5, 3));
         assert_eq!(s.tls, Some(("/c.pem".into(), "/k.pem".into())));
+    }
+
+    #[test]
+    fn reload_and_health_periods_default_and_zero_turns_them_off() {
+        let s = parse(&["--cloud-provider=fake"]).validate().unwrap();
+        assert_eq!(
+            (s.cloud_config_reload_period, s.provider_health_period),
+            (Duration::from_secs(5), Duration::from_secs(30))
+        );
+        let s = parse(&[
+            "--cloud-provider=fake",
+            "--cloud-config-reload-period=0",
+            "--provider-health-period=250ms",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(
+            (s.cloud_config_reload_period, s.provider_health_period),
+            (Duration::ZERO, Duration::from_millis(250))
+        );
+        let errs = parse(&["--cloud-provider=fake", "--provider-health-period=5"])
+            .validate()
+            .unwrap_err();
+        assert!(errs[0].starts_with("--provider-health-period:"), "{errs:?}");
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! `/healthz` has upstream's checks: `leaderElection` when leader election is on, then one
 //! always-passing check per started controller (named with its canonical name), added once the
 //! controllers have started; with no checks, `ping`. Beyond upstream, `/readyz` answers `ok`
-//! once the provider is loaded and the API client is built (a standby replica is ready).
+//! once the provider is loaded and the API client is built (a standby replica is ready), and
+//! only while its readiness checks pass: `cloud-provider`, the provider's own health probe
+//! (ABI 1.1, when it offers one; see `provider_health`). `/readyz/<check>` runs one. A failing
+//! `/readyz` lists every check as `[+]name ok` / `[-]name failed: reason`, as the API server does.
 //!
 //! With `--tls-cert-file`/`--tls-private-key-file` the endpoints are served over HTTPS (rustls),
 //! otherwise over plain HTTP.
@@ -31,6 +34,8 @@ pub struct Health {
     checks: Arc<Mutex<BTreeMap<String, Check>>>,
     order: Arc<Mutex<Vec<String>>>,
     ready: Arc<std::sync::atomic::AtomicBool>,
+    /// `/readyz` checks, in the order they were added.
+    ready_checks: Arc<Mutex<Vec<(String, Check)>>>,
 }
 
 impl Health {
@@ -48,6 +53,51 @@ impl Health {
     /// Mark the process ready (`/readyz`).
     pub fn set_ready(&self) {
         self.ready.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Add (or replace) a named `/readyz` check.
+    pub fn add_ready_check(&self, name: &str, check: Check) {
+        let mut checks = self.ready_checks.lock().unwrap_or_else(|p| p.into_inner());
+        match checks.iter_mut().find(|(n, _)| n == name) {
+            Some(entry) => entry.1 = check,
+            None => checks.push((name.to_string(), check)),
+        }
+    }
+
+    /// Remove a `/readyz` check (no-op when absent).
+    pub fn remove_ready_check(&self, name: &str) {
+        self.ready_checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(n, _)| n != name);
+    }
+
+    /// `/readyz` (or `/readyz/<only>`): `None` when `only` names no check; else whether every
+    /// check passed and the `[+]`/`[-]` report.
+    fn run_ready_checks(&self, only: Option<&str>) -> Option<(bool, String)> {
+        let checks: Vec<(String, Check)> = self
+            .ready_checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(n, _)| only.is_none_or(|o| o == n))
+            .cloned()
+            .collect();
+        if only.is_some() && checks.is_empty() {
+            return None;
+        }
+        let mut ok = true;
+        let mut report = String::new();
+        for (name, check) in &checks {
+            match check() {
+                Ok(()) => report.push_str(&format!("[+]{name} ok\n")),
+                Err(why) => {
+                    ok = false;
+                    report.push_str(&format!("[-]{name} failed: {why}\n"));
+                }
+            }
+        }
+        Some((ok, report))
     }
 
     fn run_checks(&self, only: Option<&str>) -> Option<(bool, String)> {
@@ -107,10 +157,29 @@ async fn healthz_one(
 }
 
 async fn readyz(State((health, _)): State<(Health, Arc<Registry>)>) -> impl IntoResponse {
-    if health.ready.load(std::sync::atomic::Ordering::Acquire) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    if !health.ready.load(std::sync::atomic::Ordering::Acquire) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready".to_string());
+    }
+    match health.run_ready_checks(None) {
+        Some((false, report)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{report}readyz check failed\n"),
+        ),
+        _ => (StatusCode::OK, "ok".to_string()),
+    }
+}
+
+async fn readyz_one(
+    State((health, _)): State<(Health, Arc<Registry>)>,
+    Path(name): Path<String>,
+) -> impl IntoResponse {
+    match health.run_ready_checks(Some(&name)) {
+        Some((true, _)) => (StatusCode::OK, "ok".to_string()),
+        Some((false, report)) => (StatusCode::SERVICE_UNAVAILABLE, report),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no readiness check named {name:?}\n"),
+        ),
     }
 }
 
@@ -130,6 +199,7 @@ pub fn router(health: Health, registry: Arc<Registry>) -> Router {
         .route("/healthz", get(healthz))
         .route("/healthz/{name}", get(healthz_one))
         .route("/readyz", get(readyz))
+        .route("/readyz/{name}", get(readyz_one))
         .route("/metrics", get(metrics))
         .with_state((health, registry))
 }

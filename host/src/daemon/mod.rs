@@ -7,9 +7,11 @@
 //! lease exits with status 1 like upstream; SIGTERM/SIGINT stop the controllers, release the
 //! lease and exit 0.
 
+pub mod cloud_config;
 pub mod flags;
 pub mod http;
 pub mod lease_health;
+pub mod provider_health;
 pub mod selection;
 pub mod upstream_flags;
 
@@ -69,7 +71,7 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
     }
 
     // Provider factory on every replica, before leader election.
-    let provider = match build_provider(&args, &settings, max_log_level) {
+    let (provider, config_file) = match build_provider(&args, &settings, max_log_level) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -99,6 +101,7 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
     provider.metrics().register(&mut registry);
+    provider.reload_metrics().register(&mut registry);
     let registry = Arc::new(registry);
     let health = http::Health::default();
     {
@@ -132,6 +135,25 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
                 eprintln!("error: cannot listen on {addr} (--bind-address/--secure-port): {e}");
                 return EXIT_USAGE;
             }
+        }
+    }
+    // Beyond upstream, on every replica: the provider's health probe as the `cloud-provider`
+    // check of /readyz, and --cloud-config hot reload.
+    let probe = provider_health::HealthProbe::start(
+        &provider,
+        settings.provider_health_period,
+        &health,
+        &stop,
+    );
+    if let Some(file) = config_file {
+        if !settings.cloud_config_reload_period.is_zero() {
+            cloud_config::spawn(
+                file,
+                provider.clone(),
+                settings.cloud_config_reload_period,
+                probe,
+                stop.clone(),
+            );
         }
     }
     health.set_ready();
@@ -424,21 +446,26 @@ async fn release(task: JoinHandle<kube_lease_manager::Result<kube_lease_manager:
     }
 }
 
+/// The selected provider, and the `--cloud-config` file it was made from (for hot reload).
 fn build_provider(
     args: &RunArgs,
     settings: &RunSettings,
     max_log_level: u8,
-) -> Result<Provider, String> {
+) -> Result<(Provider, Option<cloud_config::ConfigFile>), String> {
     let registry = PluginRegistry::load_dirs(
         &args.plugins.plugin_dirs,
         &args.plugins.loader_options(max_log_level),
     )
     .map_err(|e| e.to_string())?;
     let config = match &args.cloud_config {
-        Some(path) => Some(
-            std::fs::read(path)
-                .map_err(|e| format!("cannot read --cloud-config {}: {e}", path.display()))?,
-        ),
+        Some(path) => {
+            // The file's identity before its bytes: a change in between is seen at the first
+            // look of the reload watch.
+            let stamp = cloud_config::Stamp::of(path).ok();
+            let bytes = std::fs::read(path)
+                .map_err(|e| format!("cannot read --cloud-config {}: {e}", path.display()))?;
+            Some(cloud_config::ConfigFile::new(path, stamp, bytes))
+        }
         None => None,
     };
     let options = ProviderOptions {
@@ -449,7 +476,11 @@ fn build_provider(
         instance_batch_size: settings.instance_batch_size,
     };
     let provider = registry
-        .create(&args.cloud_provider, config.as_deref(), &options)
+        .create(
+            &args.cloud_provider,
+            config.as_ref().map(cloud_config::ConfigFile::bytes),
+            &options,
+        )
         .map_err(|e| e.to_string())?;
     tracing::info!(
         provider = provider.registered_name(),
@@ -457,7 +488,7 @@ fn build_provider(
         capabilities = ?provider.capabilities().names(),
         "cloud provider ready"
     );
-    Ok(provider)
+    Ok((provider, config))
 }
 
 /// The daemon's API clients (see [`KubeClients`]): from `--kubeconfig` (else in-cluster, then
