@@ -12,7 +12,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{plugin_dir, BIN};
+use support::{https, plugin_dir, BIN};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -72,6 +72,11 @@ impl Replica {
             ])
             .args(fast_lease)
             .args(["--cluster-cidr", "10.244.0.0/16"])
+            // The secure port delegates to the same API server (see support::https).
+            .arg("--authentication-kubeconfig")
+            .arg(kubeconfig)
+            .arg("--authorization-kubeconfig")
+            .arg(kubeconfig)
             .args(extra)
             .env("RUST_LOG", "info,ccm_host::controllers=debug")
             .stdout(Stdio::null())
@@ -95,23 +100,11 @@ impl Replica {
             .count()
     }
 
+    /// GET `path` on the secure port (HTTPS, any certificate) with [`https::TEST_TOKEN`]
+    /// (the test registers it with [`https::allow_test_token`] to reach more than the
+    /// always-allowed paths).
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        let code = out.split_whitespace().nth(1)?.parse().ok()?;
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Some((code, body))
+        https::get(self.port, path, Some(https::TEST_TOKEN)).ok()
     }
 
     fn signal(&self, sig: i32) {
@@ -225,6 +218,7 @@ async fn one_leader_takeover_on_kill_and_sigterm_releases_the_lease() {
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
 
+    https::allow_test_token(&server);
     let mut a = Replica::start(dir.path(), "a", &kubeconfig, &[]);
     let mut b = Replica::start(dir.path(), "b", &kubeconfig, &[]);
     let server_ref = &server;
@@ -335,6 +329,7 @@ async fn all_controllers_run_end_to_end_in_the_real_binary() {
         "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}
     }))
     .unwrap();
+    https::allow_test_token(&server);
     let mut replica = Replica::start(dir.path(), "solo", &kubeconfig, &["--leader-elect=false"]);
     let started = Instant::now();
     let mut last = String::new();
@@ -420,7 +415,27 @@ fn plugin_logs_reach_the_host_log_with_the_plugin_name() {
     assert!(line.contains("misbehaving/src/lib.rs"), "{line}");
 }
 
-/// GET `path` over HTTPS, trusting only the test certificate.
+/// GET `path` over plain HTTP: `None` when no HTTP answer comes.
+fn plain_http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+/// GET `path` over HTTPS with the test token, trusting only the test certificate.
 async fn https_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     use rustls_pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -442,7 +457,11 @@ async fn https_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
     let mut tls = connector.connect(name, tcp).await?;
     tls.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            https::TEST_TOKEN
+        )
+        .as_bytes(),
     )
     .await?;
     let mut out = Vec::new();
@@ -467,6 +486,7 @@ async fn endpoints_serve_https_with_cert_flags_and_metrics_cover_calls_and_queue
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
+    https::allow_test_token(&server);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
     let cert = fixtures.join("cert.pem");
     let key = fixtures.join("key.pem");
@@ -498,7 +518,7 @@ async fn endpoints_serve_https_with_cert_flags_and_metrics_cover_calls_and_queue
     assert_eq!(healthz, "ok");
     // Plain HTTP on the TLS port gets no HTTP answer.
     assert_eq!(
-        tokio::task::block_in_place(|| replica.get("/healthz")),
+        tokio::task::block_in_place(|| plain_http_get(port, "/healthz")),
         None
     );
     // Once leading: the leaderElection check with upstream's rule, and the metrics. The

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use ccm_provider_abi::ProviderError;
 use k8s_openapi::api::core::v1::{Node, Service};
+use tracing::instrument::WithSubscriber;
+use tracing::subscriber::NoSubscriber;
 
 use super::report::Outcome;
 use super::scene;
@@ -39,22 +41,39 @@ enum Probe {
 }
 
 impl Probe {
-    fn label(&self) -> String {
+    /// The provider method the probe calls.
+    fn method(&self) -> &'static str {
+        match self {
+            Self::InstanceMetadata(_) => "InstanceMetadata",
+            Self::InstanceExists(_) => "InstanceExists",
+            Self::InstanceShutdown(_) => "InstanceShutdown",
+            Self::InstanceId(_) => "InstanceID",
+            Self::NodeAddressesByProviderId(_) => "NodeAddressesByProviderID",
+            Self::InstanceExistsByProviderId(_) => "InstanceExistsByProviderID",
+            Self::GetZoneByProviderId(_) => "GetZoneByProviderID",
+            Self::GetLoadBalancer(_) => "GetLoadBalancer",
+            Self::ListRoutes(_) => "ListRoutes",
+        }
+    }
+
+    /// What the call is about: a node, a provider ID, a Service, a cluster.
+    fn target(&self) -> String {
         let node = |n: &Node| n.metadata.name.clone().unwrap_or_default();
         match self {
-            Self::InstanceMetadata(n) => format!("InstanceMetadata({})", node(n)),
-            Self::InstanceExists(n) => format!("InstanceExists({})", node(n)),
-            Self::InstanceShutdown(n) => format!("InstanceShutdown({})", node(n)),
-            Self::InstanceId(n) => format!("InstanceID({n})"),
-            Self::NodeAddressesByProviderId(id) => format!("NodeAddressesByProviderID({id})"),
-            Self::InstanceExistsByProviderId(id) => format!("InstanceExistsByProviderID({id})"),
-            Self::GetZoneByProviderId(id) => format!("GetZoneByProviderID({id})"),
-            Self::GetLoadBalancer(s) => format!(
-                "GetLoadBalancer({})",
-                s.metadata.name.as_deref().unwrap_or_default()
-            ),
-            Self::ListRoutes(c) => format!("ListRoutes({c})"),
+            Self::InstanceMetadata(n) | Self::InstanceExists(n) | Self::InstanceShutdown(n) => {
+                node(n)
+            }
+            Self::InstanceId(n) => n.clone(),
+            Self::NodeAddressesByProviderId(id)
+            | Self::InstanceExistsByProviderId(id)
+            | Self::GetZoneByProviderId(id) => id.clone(),
+            Self::GetLoadBalancer(s) => s.metadata.name.clone().unwrap_or_default(),
+            Self::ListRoutes(c) => c.clone(),
         }
+    }
+
+    fn label(&self) -> String {
+        format!("{}({})", self.method(), self.target())
     }
 }
 
@@ -121,26 +140,40 @@ impl Suite {
         probes
     }
 
-    async fn run_probe(&self, provider: &Provider, probe: &Probe) -> String {
+    /// One call of a probe. `twin`: through the handle with an expired deadline; such a call
+    /// is expected to end at its deadline, so the host's "call timed out" warning is not shown
+    /// (it would look like a failure on a passing run) and it is no hang. Otherwise the call is
+    /// a [`Suite::direct`] one; `when` says when it happens, for the report.
+    async fn run_probe(
+        &self,
+        provider: &Provider,
+        probe: &Probe,
+        twin: bool,
+        when: &str,
+    ) -> String {
         let cluster = &self.plan.cluster_name;
+        let what = format!("{}{when}", probe.target());
+        macro_rules! go {
+            ($call:expr) => {
+                if twin {
+                    summary(self.seen($call.with_subscriber(NoSubscriber::default()).await))
+                } else {
+                    summary(self.direct(probe.method(), &what, $call).await)
+                }
+            };
+        }
         match probe {
-            Probe::InstanceMetadata(n) => summary(self.seen(provider.instance_metadata(n).await)),
-            Probe::InstanceExists(n) => summary(self.seen(provider.instance_exists(n).await)),
-            Probe::InstanceShutdown(n) => summary(self.seen(provider.instance_shutdown(n).await)),
-            Probe::InstanceId(n) => summary(self.seen(provider.instance_id(n).await)),
-            Probe::NodeAddressesByProviderId(id) => {
-                summary(self.seen(provider.node_addresses_by_provider_id(id).await))
-            }
+            Probe::InstanceMetadata(n) => go!(provider.instance_metadata(n)),
+            Probe::InstanceExists(n) => go!(provider.instance_exists(n)),
+            Probe::InstanceShutdown(n) => go!(provider.instance_shutdown(n)),
+            Probe::InstanceId(n) => go!(provider.instance_id(n)),
+            Probe::NodeAddressesByProviderId(id) => go!(provider.node_addresses_by_provider_id(id)),
             Probe::InstanceExistsByProviderId(id) => {
-                summary(self.seen(provider.instance_exists_by_provider_id(id).await))
+                go!(provider.instance_exists_by_provider_id(id))
             }
-            Probe::GetZoneByProviderId(id) => {
-                summary(self.seen(provider.get_zone_by_provider_id(id).await))
-            }
-            Probe::GetLoadBalancer(s) => {
-                summary(self.seen(provider.get_load_balancer(cluster, s).await))
-            }
-            Probe::ListRoutes(c) => summary(self.seen(provider.list_routes(c).await)),
+            Probe::GetZoneByProviderId(id) => go!(provider.get_zone_by_provider_id(id)),
+            Probe::GetLoadBalancer(s) => go!(provider.get_load_balancer(cluster, s)),
+            Probe::ListRoutes(c) => go!(provider.list_routes(c)),
         }
     }
 
@@ -148,21 +181,40 @@ impl Suite {
         // Nothing else may call the provider meanwhile: the answers must be comparable.
         self.stop_controllers().await;
         let mut problems = Vec::new();
-        let hit = self.counter_by_method("ccm_provider_call_timeouts_total");
+        // Calls nobody waited for (the controllers' retries in the background); a method
+        // whose hang a check reported already is not reported again.
+        let hit = self.background_timeouts();
         if !hit.is_empty() {
             problems.push(format!(
-                "{} calls ran into the {} call deadline during the suite: {} (a provider should answer well within it; a slow test cloud may need --provider-call-timeout)",
+                "{} calls of the controllers ran into the {} call deadline during the suite: {} (a provider should answer well within it; a slow test cloud may need --provider-call-timeout)",
                 hit.values().sum::<u64>(),
                 crate::duration::format(self.plan.call_timeout),
                 per_method(&hit)
             ));
         }
         let expired = self.provider.with_call_timeout(Duration::ZERO);
-        let probes = self.probes();
+        let (probes, hung): (Vec<Probe>, Vec<Probe>) = self
+            .probes()
+            .into_iter()
+            .partition(|p| self.hang_of(p.method()).is_none());
         for probe in &probes {
-            let before = self.run_probe(&self.provider, probe).await;
-            let _cancelled = self.run_probe(&expired, probe).await;
-            let after = self.run_probe(&self.provider, probe).await;
+            let before = self.run_probe(&self.provider, probe, false, "").await;
+            if self.stalled() {
+                break;
+            }
+            let _cancelled = self.run_probe(&expired, probe, true, "").await;
+            self.absorb_timeouts(false);
+            let after = self
+                .run_probe(
+                    &self.provider,
+                    probe,
+                    false,
+                    ", after a twin call cancelled by its deadline",
+                )
+                .await;
+            if self.stalled() {
+                break;
+            }
             if after != before {
                 problems.push(format!(
                     "{}: {before} before, {after} after the same call was cancelled by its deadline (the cancelled call left the provider in another state)",
@@ -174,7 +226,21 @@ impl Suite {
             "{} answer the same after a cancelled twin",
             super::nodes::count(probes.len(), "call")
         );
-        if self.caps.load_balancer {
+        if !hung.is_empty() {
+            detail.push_str(&format!(
+                " ({} not probed: {} earlier)",
+                hung.iter()
+                    .map(Probe::method)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if hung.len() == 1 {
+                    "it hung"
+                } else {
+                    "they hung"
+                }
+            ));
+        }
+        if self.caps.load_balancer && !self.stalled() {
             detail.push_str(", EnsureLoadBalancer converges after a cancelled one");
             problems.extend(self.cancelled_ensure(&expired).await);
         }
@@ -188,7 +254,13 @@ impl Suite {
         let svc = probe_service(&self.plan.nonce);
         let nodes: Vec<Node> = self.initialised.values().cloned().collect();
         let mut problems = Vec::new();
-        let _ = self.seen(expired.ensure_load_balancer(cluster, &svc, &nodes).await);
+        let _ = self.seen(
+            expired
+                .ensure_load_balancer(cluster, &svc, &nodes)
+                .with_subscriber(NoSubscriber::default())
+                .await,
+        );
+        self.absorb_timeouts(false);
         match self.ensure_lb(&svc, &nodes).await {
             Err(e) => problems.push(format!(
                 "after an EnsureLoadBalancer cancelled by its deadline: {e}"
@@ -205,11 +277,14 @@ impl Suite {
                 Ok(_) => {}
             },
         }
-        if let Err(e) = self.seen(
-            self.provider
-                .ensure_load_balancer_deleted(cluster, &svc)
-                .await,
-        ) {
+        if let Err(e) = self
+            .direct(
+                "EnsureLoadBalancerDeleted",
+                &super::lb::service_name(&svc),
+                self.provider.ensure_load_balancer_deleted(cluster, &svc),
+            )
+            .await
+        {
             problems.push(format!(
                 "EnsureLoadBalancerDeleted after a cancelled EnsureLoadBalancer: {}",
                 super::err_text(&e)

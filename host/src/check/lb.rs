@@ -16,6 +16,15 @@ use crate::well_known::LB_CLEANUP_FINALIZER;
 /// Name of the Service the service controller provisions.
 pub const CONTROLLER_SERVICE: &str = "ccm-check-svc";
 
+/// `namespace/name` of a Service, for the report.
+pub(super) fn service_name(svc: &Service) -> String {
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or(NAMESPACE),
+        svc.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 fn names(nodes: &[Node]) -> String {
     nodes
         .iter()
@@ -62,11 +71,13 @@ impl Suite {
 
     /// GetLoadBalancer of `svc`, as a reason on error.
     pub(super) async fn get_lb(&self, svc: &Service) -> Result<Option<LoadBalancerStatus>, String> {
-        self.seen(
+        self.direct(
+            "GetLoadBalancer",
+            &service_name(svc),
             self.provider
-                .get_load_balancer(&self.plan.cluster_name, svc)
-                .await,
+                .get_load_balancer(&self.plan.cluster_name, svc),
         )
+        .await
         .map_err(|e| format!("GetLoadBalancer: {}", err_text(&e)))
     }
 
@@ -75,11 +86,15 @@ impl Suite {
         svc: &Service,
         nodes: &[Node],
     ) -> Result<LoadBalancerStatus, String> {
-        match self.seen(
-            self.provider
-                .ensure_load_balancer(&self.plan.cluster_name, svc, nodes)
-                .await,
-        ) {
+        match self
+            .direct(
+                "EnsureLoadBalancer",
+                &service_name(svc),
+                self.provider
+                    .ensure_load_balancer(&self.plan.cluster_name, svc, nodes),
+            )
+            .await
+        {
             Ok(Some(status)) => Ok(status),
             Ok(None) => Err(
                 "EnsureLoadBalancer returned no status (upstream's nil status, which the service controller reports as an error)"
@@ -152,8 +167,20 @@ impl Suite {
             }
         }
         let cluster = &self.plan.cluster_name;
-        let name1 = self.seen(self.provider.get_load_balancer_name(cluster, svc).await);
-        let name2 = self.seen(self.provider.get_load_balancer_name(cluster, svc).await);
+        let name1 = self
+            .direct(
+                "GetLoadBalancerName",
+                &service_name(svc),
+                self.provider.get_load_balancer_name(cluster, svc),
+            )
+            .await;
+        let name2 = self
+            .direct(
+                "GetLoadBalancerName",
+                &service_name(svc),
+                self.provider.get_load_balancer_name(cluster, svc),
+            )
+            .await;
         match (name1, name2) {
             (Ok(a), Ok(_)) if a.is_empty() => {
                 problems.push("GetLoadBalancerName returned an empty name".to_string())
@@ -190,11 +217,15 @@ impl Suite {
         let svc = &self.direct_service;
         let mut problems = Vec::new();
         for hosts in [&first, &all, &first, &all] {
-            if let Err(e) = self.seen(
-                self.provider
-                    .update_load_balancer(&self.plan.cluster_name, svc, hosts)
-                    .await,
-            ) {
+            if let Err(e) = self
+                .direct(
+                    "UpdateLoadBalancer",
+                    &service_name(svc),
+                    self.provider
+                        .update_load_balancer(&self.plan.cluster_name, svc, hosts),
+                )
+                .await
+            {
                 problems.push(format!(
                     "UpdateLoadBalancer with hosts [{}]: {}",
                     names(hosts),
@@ -235,11 +266,12 @@ impl Suite {
         let mut problems = Vec::new();
         let existed = self.lb_status.is_some();
         let delete = |svc: Service| async move {
-            self.seen(
-                self.provider
-                    .ensure_load_balancer_deleted(cluster, &svc)
-                    .await,
+            self.direct(
+                "EnsureLoadBalancerDeleted",
+                &service_name(&svc),
+                self.provider.ensure_load_balancer_deleted(cluster, &svc),
             )
+            .await
         };
         if let Err(e) = delete(svc.clone()).await {
             problems.push(format!("EnsureLoadBalancerDeleted: {}", err_text(&e)));

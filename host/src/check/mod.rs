@@ -14,6 +14,7 @@
 //! cloud config and `--node` flags; see `docs/writing-a-provider.md`.
 
 mod deadline;
+mod hang;
 mod lb;
 mod nodes;
 pub mod report;
@@ -42,7 +43,7 @@ use crate::controllers::{ControllerConfig, ControllerContext};
 use crate::metrics::Metrics;
 use crate::plugin::PluginRegistry;
 use crate::provider::{Capabilities, Provider, ProviderOptions};
-use report::{Outcome, Report, Subject, CHECKS};
+use report::{Outcome, Report, Status, Subject, CHECKS, DEPENDS};
 use scene::NodeSpec;
 
 /// Exit code: every check passed or was skipped.
@@ -252,10 +253,31 @@ pub async fn main(args: CheckArgs, max_log_level: u8) -> anyhow::Result<i32> {
         .plugins()
         .iter()
         .find(|p| p.path == provider.plugin_path());
+    // HasClusterID is a plugin call without an error channel: asked on a thread of its own
+    // under the call deadline, so a plugin that hangs there cannot hang the kit.
+    let has_cluster_id = {
+        let p = provider.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("ccm-check-has-cluster-id".into())
+            .spawn(move || {
+                let _ = tx.send(p.has_cluster_id());
+            })?;
+        match tokio::time::timeout(plan.call_timeout, rx).await {
+            Ok(Ok(v)) => v,
+            _ => {
+                return Ok(usage(format!(
+                    "HasClusterID of provider {:?} did not return within {}",
+                    args.cloud_provider,
+                    crate::duration::format(plan.call_timeout)
+                )))
+            }
+        }
+    };
     let subject = Subject {
         provider: provider.registered_name().to_string(),
         provider_name: provider.provider_name().to_string(),
-        has_cluster_id: provider.has_cluster_id(),
+        has_cluster_id,
         plugin_path: provider.plugin_path().display().to_string(),
         plugin: plugin.map_or_else(String::new, |p| {
             format!("{} {}", p.plugin_name, p.plugin_version)
@@ -283,12 +305,24 @@ pub async fn main(args: CheckArgs, max_log_level: u8) -> anyhow::Result<i32> {
     })
 }
 
-/// Skip a check when the provider lacks what it exercises.
+/// Run one check: skipped when `--skip` names it, when the provider lacks what it exercises
+/// (`$gate` gives the reason) or when a check it depends on failed; otherwise its outcome, made
+/// a failure by a call that hung during it (see [`hang`]).
 macro_rules! step {
     ($suite:expr, $id:literal, $gate:expr, $body:expr) => {{
         let outcome = match $suite.gate($id, $gate) {
             Some(skip) => skip,
-            None => $body,
+            None => {
+                $suite.begin_check($id);
+                let outcome = $body;
+                let outcome = $suite.end_check($id, outcome);
+                if let Some(root) = $suite.needed_hang_check() {
+                    if outcome.status == $crate::check::report::Status::Skip {
+                        $suite.blocked.insert($id, root);
+                    }
+                }
+                outcome
+            }
         };
         $suite.report.add($id, outcome);
     }};
@@ -320,6 +354,10 @@ pub(crate) struct Suite {
     lb_status: Option<k8s_openapi::api::core::v1::LoadBalancerStatus>,
     /// The Service the service controller provisions, as created (with its UID).
     controller_service: Option<Service>,
+    /// Checks skipped because a check they depend on failed: id -> the failed check.
+    blocked: BTreeMap<&'static str, &'static str>,
+    /// Methods that ran into the call deadline ([`hang`]).
+    hangs: hang::Hangs,
 }
 
 impl Suite {
@@ -377,13 +415,21 @@ impl Suite {
             direct_service,
             lb_status: None,
             controller_service: None,
+            blocked: BTreeMap::new(),
+            hangs: hang::Hangs::default(),
         };
         let result = suite.run_all().await;
+        suite.begin_check("cleanup");
         suite.cleanup().await;
         suite.stop_controllers().await;
         suite.stop.cancel();
         let Suite { server, report, .. } = suite;
-        server.shutdown().await;
+        if tokio::time::timeout(STOP_LIMIT, server.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::debug!("the in-memory API server did not stop within {STOP_LIMIT:?}");
+        }
         result.map(|()| report)
     }
 
@@ -402,12 +448,31 @@ impl Suite {
         Ok(())
     }
 
-    /// `Some(skip outcome)` when the check is not to run: `--skip`, or `gate` gives a reason.
-    fn gate(&self, id: &str, gate: Option<String>) -> Option<Outcome> {
+    /// `Some(skip outcome)` when the check is not to run: `--skip`, a check it depends on
+    /// failed (directly or through another skipped one: the reason names that check, where the
+    /// cause was reported), or `gate` gives a reason (a capability the provider lacks).
+    fn gate(&mut self, id: &'static str, gate: Option<String>) -> Option<Outcome> {
         if self.plan.skip.contains(id) {
             return Some(Outcome::skip("skipped (--skip)"));
         }
-        gate.map(Outcome::skip)
+        let deps = DEPENDS
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map_or(&[][..], |(_, d)| *d);
+        let root = deps.iter().find_map(|dep| {
+            if self.report.status(dep) == Some(Status::Fail) {
+                CHECKS.iter().find(|(c, _)| c == dep).map(|(c, _)| *c)
+            } else {
+                self.blocked.get(dep).copied()
+            }
+        });
+        match root {
+            Some(root) => {
+                self.blocked.insert(id, root);
+                Some(Outcome::skip(format!("skipped: depends on {root}")))
+            }
+            None => gate.map(Outcome::skip),
+        }
     }
 
     fn provider_name_check(&self) -> Outcome {
@@ -424,7 +489,10 @@ impl Suite {
             Some(self.client.clone()),
             Arc::new(std::sync::atomic::AtomicBool::new(false)),
         );
-        match self.seen(self.provider.initialize(host).await) {
+        match self
+            .direct("Initialize", "", self.provider.initialize(host))
+            .await
+        {
             Ok(()) => Outcome::pass("Initialize returned Ok"),
             Err(e) => Outcome::fail(format!(
                 "Initialize failed ({}): {e}; ccm-host run would exit",
@@ -458,14 +526,21 @@ impl Suite {
         self.controllers.push((token, tokio::spawn(run(ctx))));
     }
 
+    /// Stop every running controller: each gets [`STOP_LIMIT`] to end after its stop token is
+    /// cancelled, then its task is dropped (which cancels a provider call it is waiting for).
     async fn stop_controllers(&mut self) {
-        for (token, task) in self.controllers.drain(..) {
+        for (token, mut task) in self.controllers.drain(..) {
             token.cancel();
-            let _ = task.await;
+            if tokio::time::timeout(STOP_LIMIT, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
         }
     }
 
-    /// Poll `probe` every 50 ms until it returns `Some`, at most `--sync-timeout`.
+    /// Poll `probe` every 50 ms until it returns `Some`, at most `--sync-timeout`; `None` at
+    /// once when a provider call of a method not known to hang runs into the deadline (the
+    /// running check then fails with that call, see [`hang`]).
     async fn wait_for<T, Fut>(&self, mut probe: impl FnMut() -> Fut) -> Option<T>
     where
         Fut: std::future::Future<Output = Option<T>>,
@@ -475,7 +550,10 @@ impl Suite {
             if let Some(v) = probe().await {
                 return Some(v);
             }
-            if started.elapsed() > self.plan.sync_timeout {
+            if self.controller_call_hung()
+                || self.stalled()
+                || started.elapsed() > self.plan.sync_timeout
+            {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -536,14 +614,17 @@ impl Suite {
                 self.controller_service.clone(),
             ];
             for svc in services.into_iter().flatten() {
+                let name = lb::service_name(&svc);
                 if let Err(e) = self
-                    .provider
-                    .ensure_load_balancer_deleted(&cluster, &svc)
+                    .direct(
+                        "EnsureLoadBalancerDeleted",
+                        &name,
+                        self.provider.ensure_load_balancer_deleted(&cluster, &svc),
+                    )
                     .await
                 {
                     eprintln!(
-                        "warning: cleanup: EnsureLoadBalancerDeleted({}): {e}",
-                        svc.metadata.name.as_deref().unwrap_or_default()
+                        "warning: cleanup: EnsureLoadBalancerDeleted({name}): {e}; delete its load balancer by hand"
                     );
                 }
             }
@@ -556,13 +637,23 @@ impl Suite {
                 .chain(self.plan.shutdown_node.iter())
                 .map(|n| n.name.as_str())
                 .collect();
-            match self.provider.list_routes(&cluster).await {
+            match self
+                .direct("ListRoutes", &cluster, self.provider.list_routes(&cluster))
+                .await
+            {
                 Ok(routes) => {
                     for r in routes.iter().filter(|r| {
                         ours.contains(r.target_node.as_str())
                             || r.destination_cidr == self.plan.spare_cidr
                     }) {
-                        if let Err(e) = self.provider.delete_route(&cluster, r).await {
+                        if let Err(e) = self
+                            .direct(
+                                "DeleteRoute",
+                                &r.destination_cidr,
+                                self.provider.delete_route(&cluster, r),
+                            )
+                            .await
+                        {
                             eprintln!(
                                 "warning: cleanup: DeleteRoute({} {}): {e}",
                                 r.target_node, r.destination_cidr
@@ -593,6 +684,10 @@ impl Suite {
         parse_value(&self.metrics_text(), series)
     }
 }
+
+/// How long the suite waits for a controller task or the in-memory API server to stop before
+/// it drops them: the kit's own waits are bounded, whatever a plugin does.
+const STOP_LIMIT: Duration = Duration::from_secs(2);
 
 /// `metric{...method="M"...} value` lines of a text exposition, summed per method.
 fn parse_counter(text: &str, metric: &str) -> BTreeMap<String, u64> {

@@ -178,6 +178,9 @@ impl Suite {
         let Some(node) = self.stored_node(name) else {
             return "the node disappeared".to_string();
         };
+        if let Some(hang) = self.hang_of("InstanceMetadata") {
+            return hang.call;
+        }
         let md = match node::get_instance_metadata(&self.provider, &node).await {
             Err(e) => return e,
             Ok(None) => {
@@ -212,6 +215,10 @@ impl Suite {
                 count(names.len(), "node"),
                 node::NAME
             ));
+        }
+        if self.stalled() {
+            // A call hung: the check fails with it (Suite::end_check).
+            return Outcome::fail(format!("{} not initialised", count(pending.len(), "node")));
         }
         let mut reasons = Vec::new();
         for name in &pending {
@@ -254,7 +261,10 @@ impl Suite {
     async fn provider_id_lookup(&self, node: &Node) -> Result<Option<String>, String> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         if self.caps.instances_v2 {
-            return match self.seen(self.provider.instance_metadata(node).await) {
+            return match self
+                .direct("InstanceMetadata", name, self.provider.instance_metadata(node))
+                .await
+            {
                 Ok(Some(md)) => Ok(Some(md.provider_id)),
                 Ok(None) => Err(format!(
                     "InstanceMetadata of initialised node {name} (by its providerID) returned no metadata"
@@ -265,7 +275,14 @@ impl Suite {
                 )),
             };
         }
-        match self.seen(node::get_instance_provider_id(&self.provider, name).await) {
+        match self
+            .direct(
+                "InstanceID",
+                name,
+                node::get_instance_provider_id(&self.provider, name),
+            )
+            .await
+        {
             Ok(id) => Ok(Some(id)),
             Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => Ok(None),
             Err(e) => Err(format!("InstanceID({name}): {}", err_text(&e))),
@@ -328,6 +345,9 @@ impl Suite {
             }
         }
         let (again, pending) = self.wait_initialised(&names, base).await;
+        if self.stalled() {
+            return Outcome::fail("a call hung");
+        }
         let mut reasons = Vec::new();
         for name in &pending {
             let why = self.why_not_initialised(name).await;
@@ -388,7 +408,14 @@ impl Suite {
     async fn reported_zone(&self, node: &Node) -> Result<(String, String), String> {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         if self.caps.instances_v2 {
-            return match self.seen(self.provider.instance_metadata(node).await) {
+            return match self
+                .direct(
+                    "InstanceMetadata",
+                    name,
+                    self.provider.instance_metadata(node),
+                )
+                .await
+            {
                 Ok(Some(md)) => Ok((md.zone, md.region)),
                 Ok(None) => Err(format!("InstanceMetadata({name}) returned no metadata")),
                 Err(e) => Err(format!("InstanceMetadata({name}): {}", err_text(&e))),
@@ -398,14 +425,20 @@ impl Suite {
             return Ok((String::new(), String::new()));
         }
         let by_id = self
-            .seen(
-                self.provider
-                    .get_zone_by_provider_id(provider_id_of(node))
-                    .await,
+            .direct(
+                "GetZoneByProviderID",
+                name,
+                self.provider.get_zone_by_provider_id(provider_id_of(node)),
             )
+            .await
             .map_err(|e| format!("GetZoneByProviderID({name}): {}", err_text(&e)));
         let by_name = self
-            .seen(self.provider.get_zone_by_node_name(name).await)
+            .direct(
+                "GetZoneByNodeName",
+                name,
+                self.provider.get_zone_by_node_name(name),
+            )
+            .await
             .map_err(|e| format!("GetZoneByNodeName({name}): {}", err_text(&e)));
         match (by_id, by_name) {
             (Ok(a), Ok(b)) if a != b => Err(format!(
@@ -492,7 +525,14 @@ impl Suite {
         let mut problems = Vec::new();
         let mut errors = Vec::new();
         for (name, node) in &self.initialised {
-            match self.seen(node_lifecycle::ensure_node_exists(&self.provider, node).await) {
+            match self
+                .direct(
+                    method,
+                    name,
+                    node_lifecycle::ensure_node_exists(&self.provider, node),
+                )
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => problems.push(format!(
                     "{method} says the instance of node {name} ({}) does not exist; the lifecycle controller would delete the Node (stopped instances must exist too)",
@@ -519,7 +559,14 @@ impl Suite {
         let method = self.exists_method();
         let node = self.absent_node();
         let id = provider_id_of(&node).to_string();
-        match self.seen(node_lifecycle::ensure_node_exists(&self.provider, &node).await) {
+        match self
+            .direct(
+                method,
+                &self.absent.name,
+                node_lifecycle::ensure_node_exists(&self.provider, &node),
+            )
+            .await
+        {
             Ok(false) => Outcome::pass(format!("{method} false for {id}")),
             Ok(true) => Outcome::fail(format!(
                 "{method} says node {} with providerID {id:?} exists, but no instance has that ID; the lifecycle controller would never delete Nodes of deleted instances (if your cloud synthesises instances, as the fake provider's autoInstances does, use a cloud config without that, or pick an ID with --absent-provider-id)",
@@ -541,7 +588,12 @@ impl Suite {
         for (name, node) in &self.initialised {
             let is_stopped = stopped.as_deref() == Some(name.as_str());
             match self
-                .seen(node_lifecycle::shutdown_in_cloud_provider(&self.provider, node).await)
+                .direct(
+                    method,
+                    name,
+                    node_lifecycle::shutdown_in_cloud_provider(&self.provider, node),
+                )
+                .await
             {
                 Ok(shut) if shut == is_stopped => {}
                 Ok(true) => problems.push(format!(
@@ -611,7 +663,12 @@ impl Suite {
         let mut problems = Vec::new();
         if self.stored_node(&self.absent.name).is_some() {
             let why = match self
-                .seen(node_lifecycle::ensure_node_exists(&self.provider, &self.absent_node()).await)
+                .direct(
+                    self.exists_method(),
+                    &self.absent.name,
+                    node_lifecycle::ensure_node_exists(&self.provider, &self.absent_node()),
+                )
+                .await
             {
                 Ok(true) => format!("{} says it exists", self.exists_method()),
                 Ok(false) => "the deletion failed; see the log".to_string(),
@@ -631,7 +688,12 @@ impl Suite {
                 let why = match before.get(name) {
                     None => "it did not exist before the pass".to_string(),
                     Some(copy) => match self
-                        .seen(node_lifecycle::ensure_node_exists(&self.provider, copy).await)
+                        .direct(
+                            self.exists_method(),
+                            name,
+                            node_lifecycle::ensure_node_exists(&self.provider, copy),
+                        )
+                        .await
                     {
                         Ok(false) => format!(
                             "{} says its instance does not exist (the check nodes must be instances the provider knows)",

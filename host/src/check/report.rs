@@ -78,6 +78,31 @@ pub const CHECKS: &[(&str, &str)] = &[
     ("no-panics", "no provider method panicked"),
 ];
 
+/// What each check depends on: when one of these failed (or was skipped because of a failure),
+/// the check is skipped as "skipped: depends on <id>", so a root cause is reported once.
+pub const DEPENDS: &[(&str, &[&str])] = &[
+    ("node-init", &["initialize"]),
+    ("provider-id", &["node-init"]),
+    ("provider-id-stable", &["provider-id"]),
+    ("node-addresses", &["node-init"]),
+    ("zone-region", &["node-init"]),
+    ("instance-exists", &["provider-id"]),
+    ("instance-absent", &["initialize"]),
+    ("instance-shutdown", &["provider-id"]),
+    (
+        "node-lifecycle",
+        &["instance-exists", "instance-absent", "instance-shutdown"],
+    ),
+    ("lb-ensure", &["initialize"]),
+    ("lb-idempotent", &["lb-ensure"]),
+    ("lb-update-hosts", &["lb-ensure"]),
+    ("lb-delete", &["initialize"]),
+    ("service-controller", &["lb-ensure", "lb-delete"]),
+    ("routes-round-trip", &["initialize"]),
+    ("route-controller", &["routes-round-trip"]),
+    ("deadline", &["initialize"]),
+];
+
 /// The result of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -322,6 +347,18 @@ mod tests {
         assert_eq!(Outcome::from_problems(vec![], "ok").status, Status::Pass);
         let o = Outcome::from_problems(vec!["a".into(), "b".into()], "ok");
         assert_eq!(o, Outcome::fail("a; b"));
+    }
+
+    #[test]
+    fn dependencies_name_earlier_checks() {
+        let position = |id: &str| CHECKS.iter().position(|(c, _)| *c == id);
+        for (id, deps) in DEPENDS {
+            let at = position(id).unwrap_or_else(|| panic!("{id} is a check"));
+            for dep in *deps {
+                let dep_at = position(dep).unwrap_or_else(|| panic!("{dep} is a check"));
+                assert!(dep_at < at, "{id} depends on {dep}, which runs later");
+            }
+        }
     }
 
     #[test]

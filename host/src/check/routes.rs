@@ -53,8 +53,13 @@ impl Suite {
     }
 
     async fn list_routes(&self) -> Result<Vec<Route>, String> {
-        self.seen(self.provider.list_routes(&self.plan.cluster_name).await)
-            .map_err(|e| format!("ListRoutes: {}", err_text(&e)))
+        self.direct(
+            "ListRoutes",
+            &self.plan.cluster_name,
+            self.provider.list_routes(&self.plan.cluster_name),
+        )
+        .await
+        .map_err(|e| format!("ListRoutes: {}", err_text(&e)))
     }
 
     async fn routes_round_trip(&self) -> Outcome {
@@ -78,7 +83,14 @@ impl Suite {
         let mut problems = Vec::new();
         // Left over from an interrupted run: remove it first (part of the round trip too).
         for stale in matching(&before) {
-            if let Err(e) = self.seen(self.provider.delete_route(cluster, &stale).await) {
+            if let Err(e) = self
+                .direct(
+                    "DeleteRoute",
+                    &stale.destination_cidr,
+                    self.provider.delete_route(cluster, &stale),
+                )
+                .await
+            {
                 return Outcome::fail(format!(
                     "a route for {cidr} already exists and DeleteRoute failed: {}",
                     err_text(&e)
@@ -96,7 +108,14 @@ impl Suite {
             ..Route::default()
         };
         let hint = target.metadata.uid.clone().unwrap_or_default();
-        if let Err(e) = self.seen(self.provider.create_route(cluster, &hint, &route).await) {
+        if let Err(e) = self
+            .direct(
+                "CreateRoute",
+                &cidr,
+                self.provider.create_route(cluster, &hint, &route),
+            )
+            .await
+        {
             return Outcome::fail(format!(
                 "CreateRoute({cidr} -> {target_name}): {}",
                 err_text(&e)
@@ -134,7 +153,14 @@ impl Suite {
             ));
         }
         for r in &listed {
-            if let Err(e) = self.seen(self.provider.delete_route(cluster, r).await) {
+            if let Err(e) = self
+                .direct(
+                    "DeleteRoute",
+                    &r.destination_cidr,
+                    self.provider.delete_route(cluster, r),
+                )
+                .await
+            {
                 problems.push(format!("DeleteRoute({cidr}): {}", err_text(&e)));
             }
         }
@@ -181,6 +207,9 @@ impl Suite {
         let (mut missing, mut last_error) = (wanted.clone(), None);
         let mut created = false;
         while Instant::now() < deadline {
+            if self.controller_call_hung() || self.stalled() {
+                break;
+            }
             match self.list_routes().await {
                 Err(e) => last_error = Some(e),
                 Ok(routes) => {
@@ -234,6 +263,9 @@ impl Suite {
         let mut left = Vec::new();
         let mut deleted = false;
         while Instant::now() < deadline {
+            if self.controller_call_hung() || self.stalled() {
+                break;
+            }
             if let Ok(routes) = self.list_routes().await {
                 left = routes
                     .into_iter()

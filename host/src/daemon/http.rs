@@ -8,14 +8,14 @@
 //! (ABI 1.1, when it offers one; see `provider_health`). `/readyz/<check>` runs one. A failing
 //! `/readyz` lists every check as `[+]name ok` / `[-]name failed: reason`, as the API server does.
 //!
-//! With `--tls-cert-file`/`--tls-private-key-file` the endpoints are served over HTTPS (rustls),
-//! otherwise over plain HTTP.
+//! They are served over HTTPS only (a self-signed certificate unless one is given, see
+//! [`super::serving`]), behind delegated authentication and authorization
+//! ([`super::delegated_auth`]): `/healthz`, `/readyz` and `/livez` are always allowed by default,
+//! `/metrics` and `/healthz/<check>` need a token the API server authorizes.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path as FsPath;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -204,118 +204,21 @@ pub fn router(health: Health, registry: Arc<Registry>) -> Router {
         .with_state((health, registry))
 }
 
-/// The server TLS configuration from PEM files: a certificate chain and its private key.
-pub fn tls_config(cert: &FsPath, key: &FsPath) -> Result<Arc<rustls::ServerConfig>, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("--tls-cert-file {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "--tls-cert-file {}: no PEM certificate in the file",
-            cert.display()
-        ));
-    }
-    let key_der = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("--tls-private-key-file {}: {e}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key_der))
-        .map(|mut config| {
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Arc::new(config)
-        })
-        .map_err(|e| {
-            format!(
-                "--tls-cert-file {} / --tls-private-key-file {}: {e}",
-                cert.display(),
-                key.display()
-            )
-        })
-}
-
-/// How long a client may take to finish the TLS handshake.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Serve until `stop` is cancelled (HTTPS when `tls` is given); returns the bound address.
+/// Serve the endpoints on `addr` over HTTPS (`tls`) behind delegated authentication and
+/// authorization, with the connection `limits`, until `stop` is cancelled; returns the bound
+/// address.
 pub async fn serve(
     addr: SocketAddr,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Arc<rustls::ServerConfig>,
+    auth: Arc<super::delegated_auth::DelegatedAuth>,
+    limits: super::serving::Limits,
     health: Health,
     registry: Arc<Registry>,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let app = router(health, registry);
-    if let Some(tls) = tls {
-        tokio::spawn(serve_tls(
-            listener,
-            tokio_rustls::TlsAcceptor::from(tls),
-            app,
-            stop,
-        ));
-        return Ok(local);
-    }
-    tokio::spawn(async move {
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = result {
-            tracing::error!("HTTP endpoint server failed: {e}");
-        }
-    });
-    Ok(local)
-}
-
-async fn serve_tls(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    app: Router,
-    stop: CancellationToken,
-) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // E.g. out of file descriptors: back off instead of spinning.
-                    tracing::warn!("HTTPS endpoint: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let (acceptor, app, stop) = (acceptor.clone(), app.clone(), stop.clone());
-        tokio::spawn(async move {
-            let stream =
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, "HTTPS endpoint: TLS handshake failed: {e}");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "HTTPS endpoint: TLS handshake timed out");
-                        return;
-                    }
-                };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                result = conn.as_mut() => if let Err(e) = result {
-                    tracing::debug!(%peer, "HTTPS endpoint: connection error: {e}");
-                },
-                _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(2), conn.as_mut()).await;
-                }
-            }
-        });
-    }
+    let app = router(health, registry).layer(axum::middleware::from_fn_with_state(
+        auth,
+        super::delegated_auth::middleware,
+    ));
+    super::serving::serve(addr, tls, app, limits, stop).await
 }

@@ -8,14 +8,15 @@
 //! lease and exit 0.
 
 pub mod cloud_config;
+pub mod delegated_auth;
 pub mod flags;
 pub mod http;
 pub mod lease_health;
 pub mod provider_health;
 pub mod selection;
+pub mod serving;
 pub mod upstream_flags;
 
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,26 +116,10 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
         );
     }
     if args.secure_port != 0 {
-        let addr = SocketAddr::new(args.bind_address, args.secure_port);
-        let tls = match &settings.tls {
-            Some((cert, key)) => match http::tls_config(cert, key) {
-                Ok(config) => Some(config),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return EXIT_USAGE;
-                }
-            },
-            None => None,
-        };
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        match http::serve(addr, tls, health.clone(), registry.clone(), stop.clone()).await {
-            Ok(bound) => {
-                tracing::info!("serving /healthz, /readyz and /metrics on {scheme}://{bound}")
-            }
-            Err(e) => {
-                eprintln!("error: cannot listen on {addr} (--bind-address/--secure-port): {e}");
-                return EXIT_USAGE;
-            }
+        let serving = serving::start(&args, &settings, health.clone(), registry.clone(), &stop);
+        if let Err(e) = serving.await {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
         }
     }
     // Beyond upstream, on every replica: the provider's health probe as the `cloud-provider`

@@ -1,6 +1,8 @@
-//! The flags of upstream's `cloud-controller-manager --help` that ccm-host accepts so that
-//! vendor manifests and charts start unchanged, but whose effect ccm-host does not have (secure
-//! serving authentication/authorization, profiling, leader migration, webhooks, …). Values keep
+//! The flags of upstream's `cloud-controller-manager --help` beyond ccm-host's own (`flags.rs`),
+//! accepted so that vendor manifests and charts start unchanged: the delegated authentication and
+//! authorization flags and `--cert-dir`, which work as upstream's (`delegated_auth.rs`,
+//! `serving.rs`), and flags whose effect ccm-host does not have (client certificate and
+//! request-header authentication, profiling, leader migration, webhooks, …). Values keep
 //! upstream's syntax and are validated as upstream validates them; every flag given that asks
 //! for something ccm-host does not do is named in one warning at start
 //! ([`UpstreamArgs::no_effect`]). `docs/flags.md` lists every upstream flag and what it does here.
@@ -68,7 +70,7 @@ pub const ALL_BETA: &str = "AllBeta";
 pub const LOGGING_ALPHA_OPTIONS: &str = "LoggingAlphaOptions";
 /// Guards `--logging-format=json`.
 pub const LOGGING_BETA_OPTIONS: &str = "LoggingBetaOptions";
-/// Guards the requestheader UID headers of the (not yet implemented) delegated authentication.
+/// Guards the requestheader UID headers of request-header authentication (not implemented).
 pub const REMOTE_REQUEST_HEADER_UID: &str = "RemoteRequestHeaderUID";
 
 /// Every gate upstream's cloud-controller-manager registers (k8s.io/apiserver's features,
@@ -401,8 +403,9 @@ pub struct UpstreamArgs {
     pub webhook_tls_sni_cert_key: Vec<String>,
 
     // ---- secure serving (beyond --bind-address, --secure-port and the TLS files) ----
-    /// [no effect] Directory of a self-signed certificate; without --tls-cert-file the
-    /// endpoints are served over plain HTTP.
+    /// Without --tls-cert-file: the directory of the self-signed certificate
+    /// (cloud-controller-manager.crt and .key: read when present, else generated and written).
+    /// Empty: generated in memory at each start.
     #[arg(long, value_name = "DIR")]
     pub cert_dir: Option<PathBuf>,
     /// The endpoints never serve HTTP/2, as with true.
@@ -433,55 +436,58 @@ pub struct UpstreamArgs {
           value_parser = parse_go_bool, action = ArgAction::Set)]
     pub permit_address_sharing: Option<bool>,
 
-    // ---- authentication (delegated authentication is not implemented yet) ----
-    /// [no effect] Delegated authentication is not implemented yet.
+    // ---- delegated authentication ----
+    /// kubeconfig of the API server that checks bearer tokens (TokenReview); default: the
+    /// in-cluster configuration, else tokens are not checked (every request is anonymous).
     #[arg(long, value_name = "FILE")]
     pub authentication_kubeconfig: Option<PathBuf>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// How long token reviews are cached (default 10s).
     #[arg(long, value_name = "DURATION")]
     pub authentication_token_webhook_cache_ttl: Option<String>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] The cluster lookup (configmap extension-apiserver-authentication) feeds
+    /// client certificate and request-header authentication, which ccm-host does not do.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
           value_parser = parse_go_bool, action = ArgAction::Set)]
     pub authentication_skip_lookup: Option<bool>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] No cluster lookup is made (see --authentication-skip-lookup).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
           value_parser = parse_go_bool, action = ArgAction::Set)]
     pub authentication_tolerate_lookup_failure: Option<bool>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] Client certificates are not authenticated (bearer tokens are).
     #[arg(long, value_name = "FILE")]
     pub client_ca_file: Option<PathBuf>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] Request-header (front proxy) authentication is not implemented.
     #[arg(long, value_name = "FILE")]
     pub requestheader_client_ca_file: Option<PathBuf>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] Request-header (front proxy) authentication is not implemented.
     #[arg(long, value_name = "HEADERS", value_delimiter = ',')]
     pub requestheader_username_headers: Option<Vec<String>>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] Request-header (front proxy) authentication is not implemented.
     #[arg(long, value_name = "HEADERS", value_delimiter = ',')]
     pub requestheader_uid_headers: Option<Vec<String>>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] Request-header (front proxy) authentication is not implemented.
     #[arg(long, value_name = "HEADERS", value_delimiter = ',')]
     pub requestheader_group_headers: Option<Vec<String>>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] Request-header (front proxy) authentication is not implemented.
     #[arg(long, value_name = "PREFIXES", value_delimiter = ',')]
     pub requestheader_extra_headers_prefix: Option<Vec<String>>,
-    /// [no effect] Delegated authentication is not implemented yet.
+    /// [no effect] Request-header (front proxy) authentication is not implemented.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub requestheader_allowed_names: Option<Vec<String>>,
 
-    // ---- authorization (delegated authorization is not implemented yet) ----
-    /// [no effect] Delegated authorization is not implemented yet.
+    // ---- delegated authorization ----
+    /// kubeconfig of the API server that authorizes requests (SubjectAccessReview); default:
+    /// the in-cluster configuration, else only the always-allowed paths are served.
     #[arg(long, value_name = "FILE")]
     pub authorization_kubeconfig: Option<PathBuf>,
-    /// [no effect] Delegated authorization is not implemented yet.
+    /// How long allowed access reviews are cached (default 10s).
     #[arg(long, value_name = "DURATION")]
     pub authorization_webhook_cache_authorized_ttl: Option<String>,
-    /// [no effect] Delegated authorization is not implemented yet.
+    /// How long denied access reviews are cached (default 10s).
     #[arg(long, value_name = "DURATION")]
     pub authorization_webhook_cache_unauthorized_ttl: Option<String>,
-    /// [no effect] Delegated authorization is not implemented yet; every path is served without
-    /// authorization.
+    /// Paths served without authorization (default /healthz,/readyz,/livez; a trailing * makes
+    /// a prefix).
     #[arg(long, value_name = "PATHS", value_delimiter = ',')]
     pub authorization_always_allow_paths: Option<Vec<String>>,
 }
@@ -582,6 +588,12 @@ impl UpstreamArgs {
             if let Some(Err(e)) = value.as_deref().map(crate::duration::parse) {
                 errors.push(format!("--{flag}: {e}"));
             }
+        }
+
+        if let Err(e) = super::delegated_auth::AlwaysAllowPaths::parse(list(
+            &self.authorization_always_allow_paths,
+        )) {
+            errors.push(e);
         }
 
         // Webhooks: ccm-host registers none, so every name is unknown (upstream checks names
@@ -690,6 +702,33 @@ impl UpstreamArgs {
         gates
     }
 
+    /// The delegated authentication and authorization settings (the values were validated).
+    pub fn auth_settings(&self) -> super::delegated_auth::AuthSettings {
+        let ttl = |v: &Option<String>| {
+            v.as_deref()
+                .and_then(|v| crate::duration::parse(v).ok())
+                .unwrap_or(super::delegated_auth::DEFAULT_CACHE_TTL)
+        };
+        let defaults = super::delegated_auth::AuthSettings::default();
+        super::delegated_auth::AuthSettings {
+            authentication_kubeconfig: self
+                .authentication_kubeconfig
+                .clone()
+                .filter(|p| !p.as_os_str().is_empty()),
+            authorization_kubeconfig: self
+                .authorization_kubeconfig
+                .clone()
+                .filter(|p| !p.as_os_str().is_empty()),
+            always_allow_paths: match &self.authorization_always_allow_paths {
+                Some(_) => list(&self.authorization_always_allow_paths).to_vec(),
+                None => defaults.always_allow_paths,
+            },
+            token_cache_ttl: ttl(&self.authentication_token_webhook_cache_ttl),
+            authorized_ttl: ttl(&self.authorization_webhook_cache_authorized_ttl),
+            unauthorized_ttl: ttl(&self.authorization_webhook_cache_unauthorized_ttl),
+        }
+    }
+
     /// The flags given that ask for something ccm-host does not do (`--flag` or
     /// `--feature-gates=Name=value`), for the warning at start. Flags whose value is what
     /// ccm-host does anyway (e.g. `--use-service-account-credentials=false`,
@@ -702,7 +741,6 @@ impl UpstreamArgs {
             }
         };
         let is_true = |b: Option<bool>| b == Some(true);
-        let is_set = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.is_empty());
         let nonzero = |v: &Option<String>| {
             v.as_deref()
                 .is_some_and(|v| crate::duration::parse(v).map_or(true, |d| !d.is_zero()))
@@ -735,12 +773,6 @@ impl UpstreamArgs {
             "leader-migration-config",
         );
         add(
-            self.cert_dir
-                .as_ref()
-                .is_some_and(|p| !p.as_os_str().is_empty()),
-            "cert-dir",
-        );
-        add(
             !list(&self.tls_cipher_suites).is_empty(),
             "tls-cipher-suites",
         );
@@ -758,15 +790,8 @@ impl UpstreamArgs {
         );
         add(!self.tls_sni_cert_key.is_empty(), "tls-sni-cert-key");
         add(is_true(self.permit_port_sharing), "permit-port-sharing");
-        // Delegated authentication and authorization: a later issue; every flag is noted.
-        add(
-            self.authentication_kubeconfig.is_some(),
-            "authentication-kubeconfig",
-        );
-        add(
-            is_set(&self.authentication_token_webhook_cache_ttl),
-            "authentication-token-webhook-cache-ttl",
-        );
+        // Delegated authentication: client certificates and the request-header (front proxy)
+        // authentication are not implemented, nor the cluster lookup of their configuration.
         add(
             self.authentication_skip_lookup.is_some(),
             "authentication-skip-lookup",
@@ -800,22 +825,6 @@ impl UpstreamArgs {
             self.requestheader_allowed_names.is_some(),
             "requestheader-allowed-names",
         );
-        add(
-            self.authorization_kubeconfig.is_some(),
-            "authorization-kubeconfig",
-        );
-        add(
-            is_set(&self.authorization_webhook_cache_authorized_ttl),
-            "authorization-webhook-cache-authorized-ttl",
-        );
-        add(
-            is_set(&self.authorization_webhook_cache_unauthorized_ttl),
-            "authorization-webhook-cache-unauthorized-ttl",
-        );
-        add(
-            self.authorization_always_allow_paths.is_some(),
-            "authorization-always-allow-paths",
-        );
         // An invalid --feature-gates is reported by validation; here only valid settings count.
         if let Ok(gates) = FeatureGates::parse(&self.feature_gates) {
             names.extend(
@@ -831,6 +840,8 @@ impl UpstreamArgs {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use clap::Parser;
 
     use super::*;
@@ -1030,6 +1041,13 @@ mod tests {
                 "--enable-leader-migration",
                 "--authentication-skip-lookup",
                 "--authorization-always-allow-paths=/healthz",
+                "--authentication-kubeconfig=/kc",
+                "--authorization-kubeconfig=/kc",
+                "--authentication-token-webhook-cache-ttl=1m",
+                "--authorization-webhook-cache-authorized-ttl=1m",
+                "--authorization-webhook-cache-unauthorized-ttl=0s",
+                "--cert-dir=/certs",
+                "--client-ca-file=/ca.crt",
                 "--min-resync-period=12h",
                 "--feature-gates=CloudControllerManagerWebhook=true",
             ])
@@ -1040,9 +1058,57 @@ mod tests {
                 "--profiling",
                 "--enable-leader-migration",
                 "--authentication-skip-lookup",
-                "--authorization-always-allow-paths",
+                "--client-ca-file",
                 "--feature-gates=CloudControllerManagerWebhook=true",
-            ]
+            ],
+            "the delegated authentication/authorization flags and --cert-dir work"
+        );
+    }
+
+    #[test]
+    fn auth_settings_from_the_flags() {
+        use super::super::delegated_auth::DEFAULT_CACHE_TTL;
+        let s = parse(&[]).auth_settings();
+        assert_eq!(s.always_allow_paths, ["/healthz", "/readyz", "/livez"]);
+        assert_eq!(
+            (s.token_cache_ttl, s.authorized_ttl, s.unauthorized_ttl),
+            (DEFAULT_CACHE_TTL, DEFAULT_CACHE_TTL, DEFAULT_CACHE_TTL)
+        );
+        assert_eq!(s.authentication_kubeconfig, None);
+        let s = parse(&[
+            "--authorization-always-allow-paths=/healthz,/metrics*",
+            "--authentication-kubeconfig=/a.kc",
+            "--authorization-kubeconfig=/b.kc",
+            "--authentication-token-webhook-cache-ttl=1m",
+            "--authorization-webhook-cache-authorized-ttl=2s",
+            "--authorization-webhook-cache-unauthorized-ttl=0s",
+        ])
+        .auth_settings();
+        assert_eq!(s.always_allow_paths, ["/healthz", "/metrics*"]);
+        assert_eq!(s.authentication_kubeconfig, Some("/a.kc".into()));
+        assert_eq!(s.authorization_kubeconfig, Some("/b.kc".into()));
+        assert_eq!(
+            (s.token_cache_ttl, s.authorized_ttl, s.unauthorized_ttl),
+            (
+                Duration::from_secs(60),
+                Duration::from_secs(2),
+                Duration::ZERO
+            )
+        );
+        assert!(
+            parse(&["--authorization-always-allow-paths="])
+                .auth_settings()
+                .always_allow_paths
+                .is_empty(),
+            "the empty list allows no path"
+        );
+        assert_eq!(
+            validate(&["--authorization-always-allow-paths=/a*b"]),
+            ["--authorization-always-allow-paths: only trailing * allowed in \"/a*b\""]
+        );
+        assert_eq!(
+            validate(&["--authentication-token-webhook-cache-ttl=10"]).len(),
+            1
         );
     }
 }

@@ -250,3 +250,179 @@ impl Drop for Replica {
         }
     }
 }
+
+/// HTTPS requests to a host's secure port, as the kubelet's probes and a metrics scraper make
+/// them: the server's certificate is not verified (it is self-signed unless a test gives one), or
+/// verified against given roots.
+pub mod https {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    /// The bearer token tests register with the in-memory API server (see
+    /// [`allow_test_token`]).
+    pub const TEST_TOKEN: &str = "ccm-host-test-token";
+
+    /// Register [`TEST_TOKEN`] as user `ccm-test`, allowed to get every path, with the API
+    /// server the host delegates authentication and authorization to.
+    pub fn allow_test_token(server: &kube_apiserver_inmem::ApiServer) {
+        let ctl = server.controls();
+        ctl.add_token(TEST_TOKEN, "ccm-test", &[]);
+        ctl.allow_non_resource("ccm-test", &["get"], &["*"]);
+    }
+
+    /// Accepts any server certificate (like `curl -k` or a probe with scheme HTTPS).
+    #[derive(Debug)]
+    struct AnyCert(Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for AnyCert {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    /// A client configuration that accepts any server certificate.
+    pub fn any_cert() -> Arc<rustls::ClientConfig> {
+        let provider = provider();
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+            .with_no_client_auth();
+        Arc::new(config)
+    }
+
+    /// A client configuration that trusts only `roots`.
+    pub fn trusting(roots: &[CertificateDer<'static>]) -> Arc<rustls::ClientConfig> {
+        let mut store = rustls::RootCertStore::empty();
+        for cert in roots {
+            store.add(cert.clone()).unwrap();
+        }
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        Arc::new(config)
+    }
+
+    /// A TLS connection to `127.0.0.1:port`, handshake done, presenting `name` (SNI and the
+    /// name the certificate is checked against).
+    pub fn connect(
+        port: u16,
+        config: Arc<rustls::ClientConfig>,
+        name: &str,
+    ) -> std::io::Result<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
+        let tcp = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+        tcp.set_write_timeout(Some(Duration::from_secs(10)))?;
+        let name = ServerName::try_from(name.to_string())
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let conn = rustls::ClientConnection::new(config, name)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock)?;
+        }
+        Ok(tls)
+    }
+
+    /// The certificate the server presents.
+    pub fn server_cert(port: u16) -> std::io::Result<CertificateDer<'static>> {
+        let tls = connect(port, any_cert(), "localhost")?;
+        tls.conn
+            .peer_certificates()
+            .and_then(|certs| certs.first().cloned())
+            .ok_or_else(|| std::io::Error::other("no server certificate"))
+    }
+
+    /// GET `path` over `config`'s TLS with an optional bearer token; (status, body).
+    pub fn get_with(
+        port: u16,
+        config: Arc<rustls::ClientConfig>,
+        name: &str,
+        path: &str,
+        token: Option<&str>,
+    ) -> std::io::Result<(u16, String)> {
+        let mut tls = connect(port, config, name)?;
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            tls,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n"
+        )?;
+        tls.flush()?;
+        let mut out = Vec::new();
+        // The server may close without a TLS close_notify once the response is written.
+        if let Err(e) = tls.read_to_end(&mut out) {
+            if out.is_empty() {
+                return Err(e);
+            }
+        }
+        let out = String::from_utf8_lossy(&out).into_owned();
+        let code = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {out:?}")))?;
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    }
+
+    /// GET `path` accepting any server certificate, with an optional bearer token.
+    pub fn get(port: u16, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
+        get_with(port, any_cert(), "localhost", path, token)
+    }
+}

@@ -1,0 +1,555 @@
+//! The secure port as upstream's: always HTTPS, with `--tls-cert-file`/`--tls-private-key-file`
+//! when given, else a self-signed certificate for `localhost`/`127.0.0.1` (kept in memory, or
+//! written to and read back from `--cert-dir`), and limits that keep clients from holding the
+//! port: a TLS handshake timeout, a request header timeout (slow clients are dropped), an idle
+//! timeout, and a connection cap that closes the longest idle connection to admit a new one (so
+//! thousands of idle or half-open connections never starve the kubelet's `/healthz` probe).
+//!
+//! Requests are authenticated and authorized by [`super::delegated_auth`] before the endpoints
+//! of [`super::http`] see them.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+/// Upstream's `PairName` for the cloud-controller-manager: `--cert-dir` holds
+/// `cloud-controller-manager.crt` and `cloud-controller-manager.key`.
+pub const PAIR_NAME: &str = "cloud-controller-manager";
+
+/// Limits of the endpoint server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long a client may take to finish the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// How long a client may take to send a request's headers (from the first byte it is
+    /// awaited), then the connection is closed.
+    pub header_read_timeout: Duration,
+    /// A connection with no request for this long is closed.
+    pub idle_timeout: Duration,
+    /// Connections held at once. At the cap a new connection closes the longest idle one
+    /// (handshaking, waiting for headers or between requests); when every connection is in
+    /// a request, the new one is closed.
+    pub max_connections: usize,
+}
+
+/// The limits `ccm-host run` uses. Upstream's Go server has a 32 s header timeout, a 90 s idle
+/// timeout and no cap; the endpoints here answer in milliseconds, so a client that needs 10 s to
+/// send its headers is not one to wait for, and 256 connections are far more than the kubelet
+/// and a few scrapers use while staying well inside a 1024 file descriptor limit.
+pub const DEFAULT_LIMITS: Limits = Limits {
+    handshake_timeout: Duration::from_secs(10),
+    header_read_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(90),
+    max_connections: 256,
+};
+
+/// The serving certificate and key (PEM), and where they came from (for the start-up log).
+pub struct ServingCert {
+    /// Certificate chain, PEM.
+    pub cert_pem: Vec<u8>,
+    /// Private key, PEM.
+    pub key_pem: Vec<u8>,
+    /// E.g. `self-signed, in memory`.
+    pub origin: String,
+}
+
+/// The certificate to serve, as upstream's `MaybeDefaultWithSelfSignedCerts`: the given files;
+/// else, with `cert_dir`, `<cert_dir>/cloud-controller-manager.{crt,key}` when both can be read,
+/// otherwise a new self-signed pair written there; else a new self-signed pair in memory. The
+/// generated certificate is valid for a year for `localhost`, `127.0.0.1` and `bind` (when it is
+/// a specific address).
+pub fn serving_cert(
+    files: Option<(&Path, &Path)>,
+    cert_dir: Option<&Path>,
+    bind: IpAddr,
+) -> Result<ServingCert, String> {
+    if let Some((cert, key)) = files {
+        let read = |flag: &str, p: &Path| {
+            std::fs::read(p).map_err(|e| format!("{flag} {}: {e}", p.display()))
+        };
+        return Ok(ServingCert {
+            cert_pem: read("--tls-cert-file", cert)?,
+            key_pem: read("--tls-private-key-file", key)?,
+            origin: format!("{} (--tls-cert-file)", cert.display()),
+        });
+    }
+    let Some(dir) = cert_dir.filter(|d| !d.as_os_str().is_empty()) else {
+        let (cert_pem, key_pem) = self_signed(bind)?;
+        return Ok(ServingCert {
+            cert_pem,
+            key_pem,
+            origin: "self-signed, in memory".into(),
+        });
+    };
+    let cert: PathBuf = dir.join(format!("{PAIR_NAME}.crt"));
+    let key: PathBuf = dir.join(format!("{PAIR_NAME}.key"));
+    if cert.is_file() && key.is_file() {
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|e| format!("--cert-dir: cannot read {}: {e}", p.display()))
+        };
+        return Ok(ServingCert {
+            cert_pem: read(&cert)?,
+            key_pem: read(&key)?,
+            origin: format!("{} (--cert-dir)", cert.display()),
+        });
+    }
+    let (cert_pem, key_pem) = self_signed(bind)?;
+    write_pair(dir, &cert, &cert_pem, &key, &key_pem)
+        .map_err(|e| format!("--cert-dir {}: {e}", dir.display()))?;
+    Ok(ServingCert {
+        cert_pem,
+        key_pem,
+        origin: format!("self-signed, written to {}", cert.display()),
+    })
+}
+
+fn write_pair(
+    dir: &Path,
+    cert: &Path,
+    cert_pem: &[u8],
+    key: &Path,
+    key_pem: &[u8],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    // The key is written first and never readable by others, as upstream's keyutil.WriteKey.
+    for (path, pem, mode) in [(key, key_pem, 0o600), (cert, cert_pem, 0o644)] {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(path)?;
+        f.write_all(pem)?;
+        f.sync_all()?;
+    }
+    Ok(())
+}
+
+/// A self-signed certificate (ECDSA P-256, a year from an hour ago) and its key, PEM. The
+/// subject is `localhost@<unix time>`, as upstream names its generated certificates.
+pub fn self_signed(bind: IpAddr) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let fail = |e: rcgen::Error| format!("cannot generate a self-signed certificate: {e}");
+    let mut names = vec!["localhost".to_string(), Ipv4Addr::LOCALHOST.to_string()];
+    if !bind.is_unspecified() && !bind.is_loopback() {
+        names.push(bind.to_string());
+    }
+    let mut params = rcgen::CertificateParams::new(names).map_err(fail)?;
+    let now = time::OffsetDateTime::now_utc();
+    let mut subject = rcgen::DistinguishedName::new();
+    subject.push(
+        rcgen::DnType::CommonName,
+        format!("localhost@{}", now.unix_timestamp()),
+    );
+    params.distinguished_name = subject;
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(365);
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = rcgen::KeyPair::generate().map_err(fail)?;
+    let cert = params.self_signed(&key).map_err(fail)?;
+    Ok((cert.pem().into_bytes(), key.serialize_pem().into_bytes()))
+}
+
+/// The rustls server configuration for a certificate chain and key (PEM): TLS 1.2 and 1.3,
+/// HTTP/1.1 only.
+pub fn tls_config(cert: &ServingCert) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_slice_iter(&cert.cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", cert.origin))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in the file", cert.origin));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&cert.key_pem)
+        .map_err(|e| format!("the private key of {}: {e}", cert.origin))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map(|mut config| {
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(config)
+        })
+        .map_err(|e| format!("{}: {e}", cert.origin))
+}
+
+/// Start serving the endpoints on `--bind-address:--secure-port` (the caller checked the port is
+/// not 0): the certificate, delegated authentication and authorization from the flags, the
+/// default limits. Errors are start-up errors (exit 2).
+pub async fn start(
+    args: &super::RunArgs,
+    settings: &super::RunSettings,
+    health: super::http::Health,
+    registry: Arc<prometheus_client::registry::Registry>,
+    stop: &CancellationToken,
+) -> Result<SocketAddr, String> {
+    let addr = SocketAddr::new(args.bind_address, args.secure_port);
+    let files = settings
+        .tls
+        .as_ref()
+        .map(|(cert, key)| (cert.as_path(), key.as_path()));
+    let cert = serving_cert(files, args.upstream.cert_dir.as_deref(), args.bind_address)?;
+    let tls = tls_config(&cert)?;
+    let auth = super::delegated_auth::DelegatedAuth::new(args.upstream.auth_settings()).await?;
+    let auth_summary = auth.describe();
+    let bound = super::http::serve(
+        addr,
+        tls,
+        Arc::new(auth),
+        DEFAULT_LIMITS,
+        health,
+        registry,
+        stop.clone(),
+    )
+    .await
+    .map_err(|e| format!("cannot listen on {addr} (--bind-address/--secure-port): {e}"))?;
+    tracing::info!(
+        certificate = cert.origin,
+        "serving /healthz, /readyz and /metrics on https://{bound} ({auth_summary})"
+    );
+    Ok(bound)
+}
+
+// ---- connections ----
+
+struct Conn {
+    /// When the connection was accepted or last started or finished a request.
+    last_active: Instant,
+    /// Requests in a handler right now.
+    busy: u32,
+    /// Cancelled to close the connection at once.
+    close: CancellationToken,
+}
+
+/// The live connections, for the cap and the idle timeout.
+struct Conns {
+    live: Mutex<HashMap<u64, Conn>>,
+    next_id: std::sync::atomic::AtomicU64,
+    max: usize,
+    /// When the cap last made us close a connection (for a rate-limited warning).
+    last_cap_warning: Mutex<Option<Instant>>,
+}
+
+impl Conns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Conn>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Register a new connection; at the cap, close the longest idle one first. `None` when
+    /// every connection is in a request.
+    fn admit(self: &Arc<Self>) -> Option<ConnHandle> {
+        let mut live = self.lock();
+        if live.len() >= self.max {
+            let victim = live
+                .iter()
+                .filter(|(_, c)| c.busy == 0)
+                .min_by_key(|(_, c)| c.last_active)
+                .map(|(id, _)| *id);
+            let Some(victim) = victim else {
+                drop(live);
+                self.warn_cap("every connection is in a request: refused a new connection");
+                return None;
+            };
+            if let Some(c) = live.remove(&victim) {
+                c.close.cancel();
+            }
+            drop(live);
+            self.warn_cap("closed the longest idle connection to admit a new one");
+            live = self.lock();
+        }
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let close = CancellationToken::new();
+        live.insert(
+            id,
+            Conn {
+                last_active: Instant::now(),
+                busy: 0,
+                close: close.clone(),
+            },
+        );
+        Some(ConnHandle {
+            conns: self.clone(),
+            id,
+            close,
+        })
+    }
+
+    fn warn_cap(&self, what: &str) {
+        let mut last = self
+            .last_cap_warning
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                "secure port: {} connections open (the cap): {what} (logged at most once a minute)",
+                self.max
+            );
+        } else {
+            tracing::debug!("secure port: connection cap: {what}");
+        }
+    }
+}
+
+/// One admitted connection; dropping it forgets the connection.
+struct ConnHandle {
+    conns: Arc<Conns>,
+    id: u64,
+    close: CancellationToken,
+}
+
+impl ConnHandle {
+    fn update(&self, f: impl FnOnce(&mut Conn)) {
+        if let Some(c) = self.conns.lock().get_mut(&self.id) {
+            f(c);
+        }
+    }
+
+    /// How long the connection has been idle (`None` while a request is in a handler).
+    fn idle_for(&self) -> Option<Duration> {
+        self.conns
+            .lock()
+            .get(&self.id)
+            .and_then(|c| (c.busy == 0).then(|| c.last_active.elapsed()))
+    }
+
+    /// Mark a request in a handler until the guard is dropped.
+    fn request(self: &Arc<Self>) -> RequestGuard {
+        self.update(|c| {
+            c.busy += 1;
+            c.last_active = Instant::now();
+        });
+        RequestGuard(self.clone())
+    }
+}
+
+impl Drop for ConnHandle {
+    fn drop(&mut self) {
+        self.conns.lock().remove(&self.id);
+    }
+}
+
+struct RequestGuard(Arc<ConnHandle>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.update(|c| {
+            c.busy = c.busy.saturating_sub(1);
+            c.last_active = Instant::now();
+        });
+    }
+}
+
+/// Serve `app` over HTTPS on `addr` until `stop` is cancelled; returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    limits: Limits,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let conns = Arc::new(Conns {
+        live: Mutex::new(HashMap::new()),
+        next_id: std::sync::atomic::AtomicU64::new(0),
+        max: limits.max_connections.max(1),
+        last_cap_warning: Mutex::new(None),
+    });
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                _ = stop.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // E.g. out of file descriptors: back off instead of spinning.
+                        tracing::warn!("secure port: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let Some(handle) = conns.admit() else {
+                drop(tcp);
+                continue;
+            };
+            tokio::spawn(connection(
+                tcp,
+                peer,
+                acceptor.clone(),
+                app.clone(),
+                limits,
+                Arc::new(handle),
+                stop.clone(),
+            ));
+        }
+    });
+    Ok(local)
+}
+
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Router,
+    limits: Limits,
+    handle: Arc<ConnHandle>,
+    stop: CancellationToken,
+) {
+    let close = handle.close.clone();
+    let stream = tokio::select! {
+        _ = close.cancelled() => return,
+        _ = stop.cancelled() => return,
+        accepted = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)) => match accepted {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, "secure port: TLS handshake failed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "secure port: TLS handshake timed out");
+                return;
+            }
+        },
+    };
+    handle.update(|c| c.last_active = Instant::now());
+    let service = {
+        let handle = handle.clone();
+        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let guard = handle.request();
+            let app = app.clone();
+            async move {
+                let response = tower::ServiceExt::oneshot(app, req).await;
+                drop(guard);
+                response
+            }
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let mut tick = tokio::time::interval((limits.idle_timeout / 4).max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, "secure port: connection closed: {e}");
+                }
+                return;
+            }
+            // Closed to admit another (the cap): dropping the connection closes it.
+            _ = close.cancelled() => {
+                tracing::debug!(%peer, "secure port: closed an idle connection (connection cap)");
+                return;
+            }
+            _ = stop.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(2), conn.as_mut()).await;
+                return;
+            }
+            _ = tick.tick() => {
+                if handle.idle_for().is_some_and(|idle| idle >= limits.idle_timeout) {
+                    tracing::debug!(%peer, "secure port: closed an idle connection (idle timeout)");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conns(max: usize) -> Arc<Conns> {
+        Arc::new(Conns {
+            live: Mutex::new(HashMap::new()),
+            next_id: std::sync::atomic::AtomicU64::new(0),
+            max,
+            last_cap_warning: Mutex::new(None),
+        })
+    }
+
+    #[test]
+    fn the_cap_closes_the_longest_idle_connection_and_never_a_busy_one() {
+        let conns = conns(2);
+        let a = Arc::new(conns.admit().unwrap());
+        let b = Arc::new(conns.admit().unwrap());
+        // `a` is in a request, so `b` is the one to close although it is newer.
+        let in_request = a.request();
+        let c = conns.admit().unwrap();
+        assert!(b.close.is_cancelled());
+        assert!(!a.close.is_cancelled());
+        assert!(b.idle_for().is_none(), "forgotten once closed");
+        assert!(a.idle_for().is_none(), "busy");
+        // Both remaining connections busy: a new one is refused.
+        let _c_busy = Arc::new(c).request();
+        assert!(conns.admit().is_none());
+        drop(in_request);
+        assert!(a.idle_for().is_some());
+        let d = conns.admit().unwrap();
+        assert!(a.close.is_cancelled());
+        drop(d);
+        assert_eq!(conns.lock().len(), 1);
+    }
+
+    #[test]
+    fn generated_certificates_load_and_cert_dir_keeps_its_pair() {
+        let (cert, key) = self_signed(IpAddr::from([10, 1, 2, 3])).unwrap();
+        let generated = ServingCert {
+            cert_pem: cert,
+            key_pem: key,
+            origin: "test".into(),
+        };
+        tls_config(&generated).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        let unspecified = IpAddr::from([0, 0, 0, 0]);
+        let first = serving_cert(None, Some(&certs), unspecified).unwrap();
+        assert!(
+            first.origin.starts_with("self-signed, written to"),
+            "{}",
+            first.origin
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let key_mode = std::fs::metadata(certs.join("cloud-controller-manager.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(key_mode & 0o777, 0o600);
+        let second = serving_cert(None, Some(&certs), unspecified).unwrap();
+        assert!(second.origin.ends_with("(--cert-dir)"), "{}", second.origin);
+        assert_eq!(
+            first.cert_pem, second.cert_pem,
+            "read back, not regenerated"
+        );
+        tls_config(&second).unwrap();
+        let in_memory = serving_cert(None, None, unspecified).unwrap();
+        assert_eq!(in_memory.origin, "self-signed, in memory");
+        assert_ne!(in_memory.cert_pem, first.cert_pem);
+
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "hello").unwrap();
+        let bad = serving_cert(Some((&garbage, &garbage)), None, unspecified).unwrap();
+        assert!(tls_config(&bad).unwrap_err().contains("no PEM certificate"));
+    }
+}

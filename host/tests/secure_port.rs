@@ -1,0 +1,486 @@
+//! The secure port of `ccm-host run` as a real process, as upstream's: HTTPS with a self-signed
+//! certificate (or `--cert-dir`'s), delegated authentication (TokenReview) and authorization
+//! (SubjectAccessReview) through the in-memory API server with the caches and always-allowed
+//! paths of the flags, and clients that cannot hold the port: a slow client is dropped at the
+//! header or handshake timeout, and 2,000 idle connections at a 1024 file descriptor limit do
+//! not keep `/healthz` from answering.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube_apiserver_inmem::ApiServer;
+use serde_json::Value;
+
+mod support;
+
+use support::{https, plugin_dir, BIN};
+
+const TOKEN_REVIEWS: &str = "tokenreviews.authentication.k8s.io";
+const ACCESS_REVIEWS: &str = "subjectaccessreviews.authorization.k8s.io";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `ccm-host run` process (fake provider, no leader election, only the node controller)
+/// whose secure port answers.
+struct Host {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Host {
+    /// Start with `flags` (after `--kubeconfig` and the port); `fd_limit` runs it under
+    /// `ulimit -n`. Returns once `/healthz` answers 200.
+    fn start(
+        dir: &Path,
+        name: &str,
+        kubeconfig: &Path,
+        flags: &[&str],
+        fd_limit: Option<u32>,
+    ) -> Host {
+        let port = free_port();
+        let log = dir.join(format!("{name}.log"));
+        let config = dir.join(format!("cloud-{name}.yaml"));
+        let state = dir.join(format!("state-{name}"));
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(&config, format!("stateDir: {}\n", state.display())).unwrap();
+        let mut cmd = match fd_limit {
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), BIN]);
+                sh
+            }
+            None => Command::new(BIN),
+        };
+        cmd.arg("run")
+            .arg("--plugin-dir")
+            .arg(plugin_dir(dir))
+            .args(["--cloud-provider", "fake", "--cloud-config"])
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &port.to_string(),
+            ])
+            .args(["--leader-elect=false", "--controllers=cloud-node"])
+            .args(flags)
+            // Not in a cluster, whatever the environment says: without the kubeconfig flags,
+            // delegated authentication and authorization are off.
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_LOG", "info,ccm_host::daemon=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let mut host = Host {
+            child: cmd.spawn().expect("ccm-host starts"),
+            port,
+            log,
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok((200, _)) = https::get(port, "/healthz", None) {
+                return host;
+            }
+            if let Ok(Some(status)) = host.child.try_wait() {
+                panic!("ccm-host exited with {status}:\n{}", host.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no /healthz within 60s:\n{}",
+                host.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    fn get(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        https::get(self.port, path, token).unwrap_or_else(|e| {
+            panic!("GET {path}: {e}\n{}", self.log());
+        })
+    }
+
+    /// Open file descriptors of the process.
+    fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    (dir, kubeconfig)
+}
+
+fn reviews(server: &ApiServer, resource: &str) -> usize {
+    server
+        .controls()
+        .requests()
+        .iter()
+        .filter(|r| r.resource == resource && r.verb == "create")
+        .count()
+}
+
+fn status_json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not a Status ({e}): {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_metrics_are_refused_and_authorized_metrics_served() {
+    let server = ApiServer::start().await.unwrap();
+    let (dir, kubeconfig) = setup();
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let ctl = server.controls();
+    ctl.add_token("prometheus-token", "prometheus", &["monitoring"]);
+    ctl.allow_non_resource("monitoring", &["get"], &["/metrics"]);
+    ctl.add_token("other-token", "someone", &[]);
+    let kc = kubeconfig.to_str().unwrap();
+    let auth_flags = [
+        format!("--authentication-kubeconfig={kc}"),
+        format!("--authorization-kubeconfig={kc}"),
+    ];
+    let mut flags: Vec<&str> = auth_flags.iter().map(String::as_str).collect();
+    flags.extend([
+        "--authentication-token-webhook-cache-ttl=5m",
+        "--authorization-webhook-cache-authorized-ttl=5m",
+        "--authorization-webhook-cache-unauthorized-ttl=5m",
+    ]);
+    let host = tokio::task::block_in_place(|| {
+        Host::start(dir.path(), "cached", &kubeconfig, &flags, None)
+    });
+    tokio::task::block_in_place(|| {
+        // The always-allowed paths need nothing.
+        assert_eq!(host.get("/healthz", None), (200, "ok".into()));
+        assert_eq!(host.get("/readyz", None).0, 200);
+        // Anonymous: asked, denied, 403 with upstream's Status.
+        let (code, body) = host.get("/metrics", None);
+        assert_eq!(code, 403, "{body}");
+        let status = status_json(&body);
+        assert_eq!(status["reason"], "Forbidden");
+        assert_eq!(
+            status["message"],
+            "forbidden: User \"system:anonymous\" cannot get path \"/metrics\""
+        );
+        assert!(!body.contains("ccm_provider"), "no metrics leak: {body}");
+        // A token the API server does not accept: 401, on every path (as upstream).
+        for path in ["/metrics", "/healthz"] {
+            let (code, body) = host.get(path, Some("wrong-token"));
+            assert_eq!(code, 401, "{path}: {body}");
+            assert_eq!(status_json(&body)["reason"], "Unauthorized");
+        }
+        // Authenticated but not allowed.
+        let (code, body) = host.get("/metrics", Some("other-token"));
+        assert_eq!(code, 403);
+        assert!(
+            body.contains("User \\\"someone\\\" cannot get path"),
+            "{body}"
+        );
+
+        // Allowed: served. Reviewed once, then answered from the caches.
+        ctl.clear_requests();
+        for _ in 0..5 {
+            let (code, body) = host.get("/metrics", Some("prometheus-token"));
+            assert_eq!(code, 200, "{body}");
+            assert!(
+                body.contains("# TYPE node_controller_initial_node_sync_delay_seconds histogram"),
+                "{body}"
+            );
+        }
+        assert_eq!(reviews(&server, TOKEN_REVIEWS), 1);
+        assert_eq!(reviews(&server, ACCESS_REVIEWS), 1);
+        let review = ctl
+            .requests()
+            .into_iter()
+            .find(|r| r.resource == ACCESS_REVIEWS)
+            .unwrap();
+        let spec = &review.json()["spec"];
+        assert_eq!(spec["user"], "prometheus");
+        assert_eq!(
+            spec["groups"],
+            serde_json::json!(["monitoring", "system:authenticated"])
+        );
+        assert_eq!(
+            spec["nonResourceAttributes"],
+            serde_json::json!({"path": "/metrics", "verb": "get"})
+        );
+        assert!(
+            review
+                .user_agent
+                .ends_with("ccm-host/delegated-authorization"),
+            "{}",
+            review.user_agent
+        );
+        // A revoked token keeps working until its cached review expires (5m here).
+        ctl.remove_token("prometheus-token");
+        assert_eq!(host.get("/metrics", Some("prometheus-token")).0, 200);
+        let (code, _) = host.get("/healthz/cloud-node-controller", Some("prometheus-token"));
+        assert_eq!(code, 403, "the rule allows /metrics only");
+    });
+    drop(host);
+
+    // No caches, /metrics always allowed, /readyz not.
+    flags.truncate(2);
+    flags.extend([
+        "--authentication-token-webhook-cache-ttl=0s",
+        "--authorization-webhook-cache-authorized-ttl=0s",
+        "--authorization-webhook-cache-unauthorized-ttl=0s",
+        "--authorization-always-allow-paths=/healthz,/metrics",
+    ]);
+    let host = tokio::task::block_in_place(|| {
+        Host::start(dir.path(), "uncached", &kubeconfig, &flags, None)
+    });
+    tokio::task::block_in_place(|| {
+        assert_eq!(host.get("/metrics", None).0, 200, "always allowed");
+        assert_eq!(host.get("/readyz", None).0, 403, "no longer always allowed");
+        ctl.add_token("fresh-token", "prometheus", &["monitoring"]);
+        ctl.allow_non_resource("monitoring", &["get"], &["/readyz"]);
+        ctl.clear_requests();
+        for _ in 0..3 {
+            assert_eq!(host.get("/readyz", Some("fresh-token")).0, 200);
+        }
+        assert_eq!(reviews(&server, TOKEN_REVIEWS), 3, "no token cache");
+        assert_eq!(reviews(&server, ACCESS_REVIEWS), 3, "no access cache");
+        // The API server failing: authentication fails closed (401), authorization is an
+        // error (500), as upstream.
+        ctl.fail_next(1, "create", TOKEN_REVIEWS, 500);
+        assert_eq!(host.get("/readyz", Some("fresh-token")).0, 401);
+        ctl.fail_next(1, "create", ACCESS_REVIEWS, 500);
+        assert_eq!(host.get("/readyz", Some("fresh-token")).0, 500);
+        assert_eq!(host.get("/readyz", Some("fresh-token")).0, 200);
+        ctl.remove_token("fresh-token");
+        assert_eq!(
+            host.get("/readyz", Some("fresh-token")).0,
+            401,
+            "revoked at once"
+        );
+    });
+    drop(host);
+
+    // Without the kubeconfig flags, outside a cluster: tokens are not checked, nothing is
+    // asked, only the always-allowed paths are served.
+    let host =
+        tokio::task::block_in_place(|| Host::start(dir.path(), "off", &kubeconfig, &[], None));
+    tokio::task::block_in_place(|| {
+        ctl.clear_requests();
+        assert_eq!(host.get("/healthz", Some("other-token")).0, 200);
+        assert_eq!(host.get("/metrics", Some("other-token")).0, 403);
+        assert_eq!(host.get("/metrics", None).0, 403);
+        assert_eq!(
+            reviews(&server, TOKEN_REVIEWS) + reviews(&server, ACCESS_REVIEWS),
+            0
+        );
+        let log = host.log();
+        assert!(
+            log.contains("no --authentication-kubeconfig given and not running in a cluster"),
+            "{log}"
+        );
+    });
+}
+
+/// PEM certificates in a file, as DER.
+fn pem_certs(path: &Path) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_by_default_with_a_self_signed_certificate_or_cert_dirs() {
+    let server = ApiServer::start().await.unwrap();
+    let (dir, kubeconfig) = setup();
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    tokio::task::block_in_place(|| {
+        // In memory: a certificate valid for localhost and 127.0.0.1, new at each start.
+        let host = Host::start(dir.path(), "memory", &kubeconfig, &[], None);
+        let cert = https::server_cert(host.port).unwrap();
+        let trusting = https::trusting(std::slice::from_ref(&cert));
+        for name in ["localhost", "127.0.0.1"] {
+            let answer = https::get_with(host.port, trusting.clone(), name, "/healthz", None);
+            assert_eq!(answer.unwrap().0, 200, "valid for {name}");
+        }
+        assert!(
+            https::get_with(host.port, trusting, "example.com", "/healthz", None).is_err(),
+            "not valid for another name"
+        );
+        // Plain HTTP gets no HTTP answer.
+        let mut plain = std::net::TcpStream::connect(("127.0.0.1", host.port)).unwrap();
+        plain
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        plain
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = plain.read_to_end(&mut out);
+        assert!(
+            !out.starts_with(b"HTTP/"),
+            "{:?}",
+            String::from_utf8_lossy(&out)
+        );
+        assert!(
+            host.log()
+                .contains("certificate=\"self-signed, in memory\""),
+            "{}",
+            host.log()
+        );
+        let again = Host::start(dir.path(), "memory-2", &kubeconfig, &[], None);
+        assert_ne!(
+            https::server_cert(again.port).unwrap(),
+            cert,
+            "a new one each start"
+        );
+        drop((host, again));
+
+        // --cert-dir: generated and written once (key 0600), then read back.
+        let certs = dir.path().join("certs");
+        let flag = format!("--cert-dir={}", certs.display());
+        let first = Host::start(dir.path(), "dir-1", &kubeconfig, &[&flag], None);
+        let file = certs.join("cloud-controller-manager.crt");
+        let served = https::server_cert(first.port).unwrap();
+        assert_eq!(pem_certs(&file), [served.clone()]);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(certs.join("cloud-controller-manager.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        drop(first);
+        let second = Host::start(dir.path(), "dir-2", &kubeconfig, &[&flag], None);
+        assert_eq!(
+            https::server_cert(second.port).unwrap(),
+            served,
+            "the same pair"
+        );
+    });
+}
+
+/// Whether the server closed `stream` (EOF or reset) within `within`.
+fn closed_within(stream: &mut impl Read, within: Duration) -> bool {
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    while started.elapsed() < within {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_cannot_hold_the_port() {
+    let server = ApiServer::start().await.unwrap();
+    let (dir, kubeconfig) = setup();
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    // The file descriptor limit at which the unprotected port stopped answering.
+    let host = tokio::task::block_in_place(|| {
+        Host::start(dir.path(), "limits", &kubeconfig, &[], Some(1024))
+    });
+    let port = host.port;
+
+    // A slowloris: handshake done, then a header line every second, never the end of the
+    // headers. Dropped at the 10 s header timeout.
+    let slowloris = std::thread::spawn(move || {
+        let mut tls = https::connect(port, https::any_cert(), "localhost").unwrap();
+        tls.sock
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let started = Instant::now();
+        let _ = tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n");
+        let _ = tls.flush();
+        let mut line = 0;
+        while started.elapsed() < Duration::from_secs(30) {
+            if closed_within(&mut tls, Duration::from_secs(1)) {
+                return started.elapsed();
+            }
+            line += 1;
+            if write!(tls, "X-Slow-{line}: x\r\n")
+                .and_then(|()| tls.flush())
+                .is_err()
+            {
+                return started.elapsed();
+            }
+        }
+        started.elapsed()
+    });
+    // A client that connects and never starts TLS: dropped at the 10 s handshake timeout.
+    let silent = std::thread::spawn(move || {
+        let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let started = Instant::now();
+        closed_within(&mut tcp, Duration::from_secs(30));
+        started.elapsed()
+    });
+    let slow = tokio::task::block_in_place(|| slowloris.join().unwrap());
+    let silent = tokio::task::block_in_place(|| silent.join().unwrap());
+    for (what, took) in [("slowloris", slow), ("silent client", silent)] {
+        assert!(
+            took >= Duration::from_secs(9) && took < Duration::from_secs(20),
+            "{what} dropped after {took:?} (expected the 10 s timeout)"
+        );
+    }
+
+    // 2,000 idle connections at a 1024 file descriptor limit: /healthz still answers at once
+    // and the process holds no more than the cap.
+    tokio::task::block_in_place(|| {
+        let mut idle = Vec::new();
+        for i in 0..2000 {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+                Ok(s) => idle.push(s),
+                Err(e) => panic!("connection {i}: {e}"),
+            }
+        }
+        let started = Instant::now();
+        let (code, body) = host.get("/healthz", None);
+        assert_eq!((code, body.as_str()), (200, "ok"));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "/healthz took {:?} behind 2,000 idle connections",
+            started.elapsed()
+        );
+        let fds = host.open_fds();
+        assert!(
+            fds < 256 + 100,
+            "{fds} open file descriptors with a cap of 256"
+        );
+        assert!(
+            host.log().contains("connections open (the cap)"),
+            "the cap is reported:\n{}",
+            host.log()
+        );
+        drop(idle);
+    });
+}
