@@ -1,6 +1,7 @@
 //! ABI compatibility across minor versions: a provider plugin built against the released
 //! ccm-provider-abi 1.0.0 (frozen sources in tests/fixtures/abi-1.0/) keeps loading and working
-//! in this host, next to plugins built against the current version (docs/abi-1.1.md).
+//! in this host, next to plugins built against the current version (docs/abi-1.1.md), and a
+//! changed `--cloud-config` rebuilds it (a 1.0 plugin has no `reconfigure`).
 //!
 //! The fixture lives outside the workspace so that its interface crate really is 1.0.0; this
 //! test builds it with cargo, its own lock file and its own target directory (the first run
@@ -118,11 +119,17 @@ async fn a_plugin_built_against_abi_1_0_loads_and_works_next_to_1_1_plugins() {
         "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}]}
     }))
     .unwrap();
+    // The 1.0 fixture's config is its instance type; reloaded by rebuilding (1.0: no reconfigure).
+    let cloud_config = dir.path().join("legacy.conf");
+    std::fs::write(&cloud_config, "legacy.small\n").unwrap();
     let args: Vec<String> = [
         "--plugin-dir",
         plugins.to_str().unwrap(),
         "--cloud-provider",
         "legacy",
+        "--cloud-config",
+        cloud_config.to_str().unwrap(),
+        "--cloud-config-reload-period=100ms",
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
         "--secure-port",
@@ -158,13 +165,50 @@ async fn a_plugin_built_against_abi_1_0_loads_and_works_next_to_1_1_plugins() {
         });
         initialised && deleted && ingress && shutdown_error
     };
+    let type_of = |n: &str| {
+        ctl.get("nodes", "", n).and_then(|n| {
+            n["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+                .as_str()
+                .map(str::to_string)
+        })
+    };
+    let seed_tainted = |name: &str| {
+        ctl.seed(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "spec": {"taints": taint.clone()}}),
+        )
+        .unwrap();
+    };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         tokio::task::block_in_place(|| {
             wait_until(
                 "the 1.0 provider to initialise nodes, delete the gone one and ensure the LB",
                 Duration::from_secs(60),
                 converged,
-            )
+            );
+            // A new config: the 1.0 provider is rebuilt from its factory and swapped in.
+            std::fs::write(&cloud_config, "legacy.large\n").unwrap();
+            wait_until("the rebuild", Duration::from_secs(30), || {
+                std::fs::read_to_string(&log).is_ok_and(|l| {
+                    l.contains("cloud provider rebuilt from its factory and swapped in")
+                })
+            });
+            seed_tainted("node-5");
+            wait_until("node-5 initialised", Duration::from_secs(30), || {
+                type_of("node-5").as_deref() == Some("legacy.large")
+            });
+            // A config its factory refuses: the rebuilt provider stays.
+            std::fs::write(&cloud_config, "not one word\n").unwrap();
+            wait_until("the refused reload", Duration::from_secs(30), || {
+                std::fs::read_to_string(&log).is_ok_and(|l| {
+                    l.contains("changed but cannot be applied")
+                        && l.contains("the config is one instance type")
+                })
+            });
+            seed_tainted("node-6");
+            wait_until("node-6 initialised", Duration::from_secs(30), || {
+                type_of("node-6").as_deref() == Some("legacy.large")
+            });
         })
     }));
     replica.kill();
