@@ -41,11 +41,11 @@ use super::node_addresses::{
     addresses_changed, apply_node_ip, desired_addresses, is_reserved_label_key,
     label_reconciliation,
 };
-use super::{publish_throttled, ControllerContext, NotStarted};
+use super::{publish_throttled, ControllerConfig, ControllerContext, NotStarted};
 use crate::events::{node_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
-use crate::provider::{Provider, Throttled};
+use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider, Throttled};
 use crate::well_known::{
     INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, REGION_BETA_LABEL, REGION_LABEL,
     UNINITIALIZED_TAINT, ZONE_BETA_LABEL, ZONE_LABEL,
@@ -99,7 +99,9 @@ pub async fn run(ctx: ControllerContext) {
     let queue = controller.queue.clone();
     // The informer's initial list may have been delivered before we subscribed: enqueue every
     // cached node once (upstream's AddFunc for the initial list).
-    for node in ctx.nodes.list() {
+    let initial = ctx.nodes.list();
+    prefetch(&ctx.provider, &ctx.config, initial.iter().cloned());
+    for node in initial {
         if let Some(name) = &node.metadata.name {
             queue.add(name.clone());
         }
@@ -109,6 +111,7 @@ pub async fn run(ctx: ControllerContext) {
     // Event handler: Add and Update enqueue the (new) node; no Delete handler.
     {
         let (queue, nodes, stop) = (queue.clone(), ctx.nodes.clone(), ctx.stop.clone());
+        let (provider, config) = (ctx.provider.clone(), ctx.config.clone());
         tasks.spawn(async move {
             loop {
                 let change = tokio::select! {
@@ -116,14 +119,23 @@ pub async fn run(ctx: ControllerContext) {
                     c = changes.recv() => c,
                 };
                 match change {
-                    Ok(Change::Added(n)) | Ok(Change::Updated { new: n, .. }) => {
+                    Ok(Change::Added(n)) => {
+                        // Before the worker can take it, so it finds the lookup under way.
+                        prefetch(&provider, &config, [n.clone()]);
+                        if let Some(name) = &n.metadata.name {
+                            queue.add(name.clone());
+                        }
+                    }
+                    Ok(Change::Updated { new: n, .. }) => {
                         if let Some(name) = &n.metadata.name {
                             queue.add(name.clone());
                         }
                     }
                     Ok(Change::Deleted(_)) => {}
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        for n in nodes.list() {
+                        let all = nodes.list();
+                        prefetch(&provider, &config, all.iter().cloned());
+                        for n in all {
                             if let Some(name) = &n.metadata.name {
                                 queue.add(name.clone());
                             }
@@ -339,28 +351,69 @@ pub async fn get_instance_provider_id(
 }
 
 /// Upstream `getInstanceMetadata` (initialisation path). `Ok(None)` is a V2 provider's
-/// `(nil, nil)`.
+/// `(nil, nil)`. Asks the cloud with the per-node methods (also for a bulk provider: the
+/// conformance kit tests them), never the cache.
 pub async fn get_instance_metadata(
     provider: &Provider,
     node: &Node,
 ) -> Result<Option<InstanceMetadata>, String> {
-    instance_metadata(provider, node)
+    instance_metadata(provider, &Arc::new(node.clone()), None)
         .await
         .map_err(|e| e.message)
 }
 
-/// [`get_instance_metadata`], telling a throttled call apart.
+/// How initialisation uses the provider's instance cache: it accepts answers younger than
+/// `--node-status-update-frequency` (the address loop would not correct an older one sooner;
+/// a bulk provider answered them when the node appeared, see [`prefetch`]) and keeps what it
+/// learns as long, so the address loop's next pass does not ask again.
+pub fn init_cache_use(config: &ControllerConfig) -> CacheUse {
+    CacheUse {
+        max_age: config.node_status_update_frequency,
+        keep_for: config.node_status_update_frequency,
+    }
+}
+
+/// How the address loop uses the instance cache: answers younger than its period
+/// (`--node-status-update-frequency`), so no address is older than upstream's; it keeps
+/// nothing (its next pass wants newer answers).
+pub fn address_cache_use(config: &ControllerConfig) -> CacheUse {
+    CacheUse::read(config.node_status_update_frequency)
+}
+
+/// With a bulk provider, start looking up the tainted ones of `nodes` at once, in batches
+/// (beyond upstream): the workers then find the answers in the cache, or join the batch under
+/// way, so N new nodes cost about N / `--instance-batch-size` calls whatever the number of
+/// workers. Nothing for other providers.
+fn prefetch(
+    provider: &Provider,
+    config: &ControllerConfig,
+    nodes: impl IntoIterator<Item = Arc<Node>>,
+) {
+    if provider.bulk_instances() {
+        provider.prefetch_instances(
+            nodes.into_iter().filter(|n| has_cloud_taint(n)),
+            InstanceQuery::METADATA,
+            init_cache_use(config),
+        );
+    }
+}
+
+/// [`get_instance_metadata`], telling a throttled call apart. With `cache`, through the
+/// provider's instance cache as it says and, for a bulk provider, in a batch.
 async fn instance_metadata(
     provider: &Provider,
-    node: &Node,
+    node: &Arc<Node>,
+    cache: Option<CacheUse>,
 ) -> Result<Option<InstanceMetadata>, NodeSyncError> {
     let name = name_of(node);
     let caps = provider.capabilities();
-    if caps.instances_v2 {
-        let md = provider
-            .instance_metadata(node)
-            .await
-            .map_err(|e| NodeSyncError::provider(&e))?;
+    let batched = cache.is_some() && provider.bulk_instances();
+    if caps.instances_v2 || batched {
+        let md = match cache {
+            Some(cache) => provider.instance_metadata_cached(node, cache).await,
+            None => provider.instance_metadata(node).await,
+        }
+        .map_err(|e| NodeSyncError::provider(&e))?;
         return match md {
             Some(mut md) if md.provider_id.is_empty() => {
                 if provider_id_of(node).is_empty() {
@@ -607,9 +660,13 @@ impl NodeController {
         if !has_cloud_taint(&cur) {
             return Ok(self.reconcile_labels(&cur).await?);
         }
-        let md = instance_metadata(&self.ctx.provider, &cur)
-            .await
-            .map_err(|e| e.context(format!("failed to get instance metadata for node {name}")))?;
+        let md = instance_metadata(
+            &self.ctx.provider,
+            &cur,
+            Some(init_cache_use(&self.ctx.config)),
+        )
+        .await
+        .map_err(|e| e.context(format!("failed to get instance metadata for node {name}")))?;
         let Some(md) = md else {
             // Kept as upstream (docs/upstream-compat.md#upstream-sharp-edges): the node stays tainted and is retried only when a
             // later event re-enqueues it (the provider said it cannot describe it yet).
@@ -765,17 +822,18 @@ impl NodeController {
         }
     }
 
-    /// Upstream `getInstanceNodeAddresses` (periodic loop): V2 → full metadata; legacy →
-    /// addresses by provider ID with fallback by name (one call when the first succeeds).
+    /// Upstream `getInstanceNodeAddresses` (periodic loop): V2 → full metadata (through the
+    /// instance cache: [`address_cache_use`]); legacy → addresses by provider ID with fallback
+    /// by name (one call when the first succeeds).
     async fn instance_node_addresses(
         &self,
-        node: &Node,
+        node: &Arc<Node>,
     ) -> Result<Option<InstanceMetadata>, NodeSyncError> {
         let provider = &self.ctx.provider;
         let caps = provider.capabilities();
         if caps.instances_v2 {
             return provider
-                .instance_metadata(node)
+                .instance_metadata_cached(node, address_cache_use(&self.ctx.config))
                 .await
                 .map_err(|e| NodeSyncError::provider(&e));
         }
@@ -791,7 +849,10 @@ impl NodeController {
     }
 
     /// One pass of the periodic address loop (upstream `UpdateNodeStatus`) over every cached
-    /// node, `concurrent_node_status_updates` at a time (0 ⇒ `concurrent_node_syncs`).
+    /// node, `concurrent_node_status_updates` at a time (0 ⇒ `concurrent_node_syncs`). With a
+    /// bulk provider (beyond upstream) the untainted nodes are looked up first, in batches,
+    /// through the instance cache ([`address_cache_use`]); the addresses are then updated
+    /// node by node as before.
     pub async fn update_node_status(&self) {
         let started = Instant::now();
         let nodes = self.ctx.nodes.list();
@@ -802,39 +863,74 @@ impl NodeController {
         }
         .max(1);
         let count = nodes.len();
+        if self.ctx.provider.bulk_instances() {
+            let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| !has_cloud_taint(n)).collect();
+            let answers = self
+                .ctx
+                .provider
+                .instance_answers(&nodes, InstanceQuery::METADATA, address_cache_use(cfg))
+                .await;
+            futures::stream::iter(nodes.iter().zip(answers))
+                .for_each_concurrent(workers, |(node, answer)| async move {
+                    self.on_instance_addresses(node, metadata_of_answer(answer))
+                        .await;
+                })
+                .await;
+            tracing::debug!(controller = NAME, nodes = count, elapsed = ?started.elapsed(), "node address update pass done");
+            return;
+        }
         futures::stream::iter(nodes)
             .for_each_concurrent(workers, |node| async move {
                 if has_cloud_taint(&node) {
                     return; // syncNode handles it
                 }
-                match self.instance_node_addresses(&node).await {
-                    Ok(Some(md)) => self.update_node_address(&node, &md).await,
-                    // docs/upstream-compat.md#upstream-sharp-edges: upstream dereferences nil metadata here and crashes; skip.
-                    Ok(None) => {
-                        tracing::debug!(
-                            controller = NAME,
-                            node = name_of(&node),
-                            "cloud provided nil metadata; addresses not updated"
-                        )
-                    }
-                    // Throttled: the node's addresses are refreshed by the next pass, whose calls
-                    // wait for the pause.
-                    Err(NodeSyncError {
-                        throttled: Some(throttled),
-                        ..
-                    }) => publish_throttled(&self.recorder, node_ref(&node), &throttled),
-                    Err(e) => {
-                        tracing::error!(
-                            controller = NAME,
-                            node = name_of(&node),
-                            "error getting instance metadata for node addresses: {e}"
-                        )
-                    }
-                }
+                self.on_instance_addresses(&node, self.instance_node_addresses(&node).await)
+                    .await;
             })
             .await;
         tracing::debug!(controller = NAME, nodes = count, elapsed = ?started.elapsed(), "node address update pass done");
     }
+
+    /// The address loop's handling of one node's answer: update the addresses, or log.
+    async fn on_instance_addresses(
+        &self,
+        node: &Node,
+        answer: Result<Option<InstanceMetadata>, NodeSyncError>,
+    ) {
+        match answer {
+            Ok(Some(md)) => self.update_node_address(node, &md).await,
+            // docs/upstream-compat.md#upstream-sharp-edges: upstream dereferences nil metadata here and crashes; skip.
+            Ok(None) => {
+                tracing::debug!(
+                    controller = NAME,
+                    node = name_of(node),
+                    "cloud provided nil metadata; addresses not updated"
+                )
+            }
+            // Throttled: the node's addresses are refreshed by the next pass, whose calls
+            // wait for the pause.
+            Err(NodeSyncError {
+                throttled: Some(throttled),
+                ..
+            }) => publish_throttled(&self.recorder, node_ref(node), &throttled),
+            Err(e) => {
+                tracing::error!(
+                    controller = NAME,
+                    node = name_of(node),
+                    "error getting instance metadata for node addresses: {e}"
+                )
+            }
+        }
+    }
+}
+
+/// The metadata in a bulk answer, as the per-node `InstanceMetadata` would answer it.
+fn metadata_of_answer(
+    answer: Result<InstanceAnswer, ProviderError>,
+) -> Result<Option<InstanceMetadata>, NodeSyncError> {
+    answer
+        .and_then(InstanceAnswer::into_metadata)
+        .map_err(|e| NodeSyncError::provider(&e))
 }
 
 #[cfg(test)]

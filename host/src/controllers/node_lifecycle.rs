@@ -25,6 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_provider_abi::{ErrorKind, ProviderError};
@@ -33,10 +34,11 @@ use kube::api::DeleteParams;
 use kube::Api;
 
 use super::node::{get_instance_provider_id, kube_error_text};
-use super::{publish_if_throttled, ControllerContext, NotStarted};
+use super::{publish_if_throttled, ControllerConfig, ControllerContext, NotStarted};
 use crate::events::{node_ref, EventRecorder, EventType};
 use crate::patches::{add_node_taint, remove_node_taint};
-use crate::provider::Provider;
+use crate::provider::bulk::INSTANCES_BATCH;
+use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider};
 use crate::well_known::{READY_CONDITION, SHUTDOWN_TAINT};
 
 /// Canonical controller name.
@@ -288,6 +290,71 @@ pub async fn instance_existence(
     }
 }
 
+/// The answers of a bulk provider about the nodes that are not Ready (existence and shutdown,
+/// in as few `InstancesBatch` calls as the batch size allows), by [`node_key`]; empty for other
+/// providers, which are asked node by node. The lifecycle loop reads the instance cache with
+/// its own period as max-age ([`lifecycle_cache_use`]).
+async fn bulk_answers(
+    ctx: &ControllerContext,
+    nodes: &[Arc<Node>],
+) -> HashMap<String, Result<InstanceAnswer, ProviderError>> {
+    if !ctx.provider.bulk_instances() {
+        return HashMap::new();
+    }
+    let not_ready: Vec<Arc<Node>> = nodes
+        .iter()
+        .filter(|n| ready_status(n) != "True")
+        .cloned()
+        .collect();
+    if not_ready.is_empty() {
+        return HashMap::new();
+    }
+    let answers = ctx
+        .provider
+        .instance_answers(
+            &not_ready,
+            InstanceQuery::EXISTS.with(InstanceQuery::SHUTDOWN),
+            lifecycle_cache_use(&ctx.config),
+        )
+        .await;
+    not_ready.iter().map(|n| node_key(n)).zip(answers).collect()
+}
+
+/// How the lifecycle loop uses the instance cache: answers younger than
+/// `--node-monitor-period` (a pass never reuses what the previous pass, at least a period
+/// earlier, learned); it keeps nothing. A "does not exist" answer is never in the cache, so every
+/// one of them that counts towards a deletion came from the cloud in that pass.
+pub fn lifecycle_cache_use(config: &ControllerConfig) -> CacheUse {
+    CacheUse::read(config.node_monitor_period)
+}
+
+/// [`instance_existence`] from a bulk answer: `exists: false` is the explicit "does not
+/// exist"; a per-node error is [`Existence::Unknown`], except `InstanceNotFound` with
+/// `policy.on_instance_not_found` (as for `InstanceExists`). A batch-level "not found" never
+/// reaches here as such (the call layer makes it `OTHER`).
+pub fn existence_of_answer(
+    node: &Node,
+    answer: &Result<InstanceAnswer, ProviderError>,
+    policy: &NodeDeletionPolicy,
+) -> Existence {
+    let absence = |answer: String| {
+        Existence::DoesNotExist(Absence {
+            provider_id: spec_provider_id(node).to_string(),
+            answer,
+        })
+    };
+    match answer {
+        Ok(a) if a.exists == Some(false) => absence(format!("{INSTANCES_BATCH} returned exists: false")),
+        Ok(_) => Existence::Exists,
+        Err(e) if e.kind() == ErrorKind::INSTANCE_NOT_FOUND && policy.on_instance_not_found => {
+            absence(format!(
+                "{INSTANCES_BATCH} failed with InstanceNotFound for this node ({e}), counted as does not exist by --node-deletion-on-instance-not-found"
+            ))
+        }
+        Err(e) => Existence::Unknown(e.clone()),
+    }
+}
+
 /// What a "does not exist" answer leads to, given the answers before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -388,10 +455,15 @@ impl NodeMonitor {
 
     /// One pass over every cached node, sequentially (upstream `MonitorNodes`). No node is
     /// excluded: control-plane, uninitialised and provider-ID-less nodes are all examined.
+    ///
+    /// With a bulk provider (beyond upstream) the nodes that are not Ready are looked up first,
+    /// existence and shutdown together, in batches ([`bulk_answers`]); the decisions are then
+    /// made node by node from those answers, exactly as from the per-node calls.
     pub async fn pass(&mut self, ctx: &ControllerContext, recorder: &EventRecorder) {
         let nodes = ctx.nodes.list();
         let cached: HashSet<String> = nodes.iter().map(|n| node_key(n)).collect();
         self.streaks.retain(|key, _| cached.contains(key));
+        let mut answers = bulk_answers(ctx, &nodes).await;
         for node in nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
             let key = node_key(&node);
@@ -405,7 +477,12 @@ impl NodeMonitor {
                 }
                 continue;
             }
-            match instance_existence(&ctx.provider, &node, &ctx.config.node_deletion).await {
+            let answer = answers.remove(&key);
+            let existence = match &answer {
+                Some(answer) => existence_of_answer(&node, answer, &ctx.config.node_deletion),
+                None => instance_existence(&ctx.provider, &node, &ctx.config.node_deletion).await,
+            };
+            match existence {
                 Existence::Exists => self.forget_with_reason(&key, &name, "instance exists"),
                 Existence::Unknown(e) => {
                     // Never a deletion, whatever the kind of error. Throttled: a Warning event;
@@ -422,7 +499,13 @@ impl NodeMonitor {
                     continue;
                 }
             }
-            match shutdown_in_cloud_provider(&ctx.provider, &node).await {
+            let shutdown = match answer {
+                // The instance exists (else the node was handled above): the answer says.
+                Some(Ok(answer)) => Ok(answer.shutdown.unwrap_or(false)),
+                Some(Err(e)) => Err(e),
+                None => shutdown_in_cloud_provider(&ctx.provider, &node).await,
+            };
+            match shutdown {
                 Ok(true) => {
                     if let Err(e) = add_node_taint(&ctx.client, &name, &shutdown_taint()).await {
                         tracing::error!(controller = NAME, node = %name, "failed to apply shutdown taint to node {name}, it may have been deleted: {}", kube_error_text(&e));
