@@ -15,21 +15,44 @@
 //!   adds the route to every table that lacks it.
 //! - `DeleteRoute` deletes the destination from every table where it targets an instance or
 //!   is a blackhole.
+//!
+//! `ListRoutes` always reads the tables; the creations and deletions the route controller then
+//! makes (up to 200 at once) decide from that snapshot (at most 10 s old), updated with what
+//! they did, instead of each reading every table again. A `RouteAlreadyExists` answer shows a
+//! stale snapshot: the tables are read again and the decision made once more.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
 
-use crate::api::ec2::RouteTable;
+use crate::api::ec2::{RouteEntry, RouteTable};
 use crate::cloud::AwsContext;
 use crate::instances::{key_of, Key};
 use crate::tags;
 
+/// How old a snapshot of the route tables `CreateRoute` and `DeleteRoute` may use. The route
+/// controller lists the routes and then creates and deletes many at once (200 calls at a
+/// time): they share the listing's snapshot instead of each reading every table (a table of
+/// 500 routes is ~150 KB of XML; read per call that was O(n²) bytes and hundreds of MB in
+/// flight).
+const SNAPSHOT_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// The route tables as last read, with the cluster ID they were read for.
+struct Snapshot {
+    at: Instant,
+    cluster_id: String,
+    tables: Arc<Vec<RouteTable>>,
+}
+
 /// The `aws` Routes.
 pub struct AwsRoutes {
     cx: Arc<AwsContext>,
+    snapshot: tokio::sync::Mutex<Option<Snapshot>>,
+    /// Instances whose source/destination check this provider turned off.
+    unchecked: Mutex<HashSet<String>>,
 }
 
 fn is_v6(cidr: &str) -> bool {
@@ -46,7 +69,106 @@ struct Across {
 impl AwsRoutes {
     /// Routes over the provider's context.
     pub fn new(cx: Arc<AwsContext>) -> Self {
-        Self { cx }
+        Self {
+            cx,
+            snapshot: tokio::sync::Mutex::new(None),
+            unchecked: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The route tables, read again when the snapshot is older than `max_age` (one reader at
+    /// a time; concurrent callers share its answer).
+    async fn snapshot(&self, cluster_id: &str, max_age: Duration) -> Result<Arc<Vec<RouteTable>>> {
+        let mut snap = self.snapshot.lock().await;
+        if let Some(s) = snap.as_ref() {
+            if s.cluster_id == cluster_id && s.at.elapsed() <= max_age {
+                return Ok(s.tables.clone());
+            }
+        }
+        let tables = Arc::new(self.tables(cluster_id).await?);
+        *snap = Some(Snapshot {
+            at: Instant::now(),
+            cluster_id: cluster_id.to_string(),
+            tables: tables.clone(),
+        });
+        Ok(tables)
+    }
+
+    /// Record in the snapshot what this provider just did to `table`: `dest` now routes to
+    /// `instance` (`None`: deleted).
+    async fn note(&self, table: &str, dest: &str, instance: Option<&str>) {
+        let mut snap = self.snapshot.lock().await;
+        let Some(s) = snap.as_mut() else {
+            return;
+        };
+        let tables = Arc::make_mut(&mut s.tables);
+        if let Some(t) = tables.iter_mut().find(|t| t.id == table) {
+            t.routes.retain(|r| r.destination != dest);
+            if let Some(i) = instance {
+                t.routes.push(RouteEntry {
+                    destination: dest.to_string(),
+                    ipv6: is_v6(dest),
+                    instance_id: Some(i.to_string()),
+                    gateway_id: None,
+                    state: "active".into(),
+                });
+            }
+        }
+    }
+
+    /// Forget the snapshot (an answer showed it is stale).
+    async fn forget_snapshot(&self) {
+        *self.snapshot.lock().await = None;
+    }
+
+    /// Add `dest` → `instance` to every table, replacing a blackhole or a route to another
+    /// instance, from the snapshot; `Err(true)` when AWS said the snapshot was stale.
+    async fn add_everywhere(
+        &self,
+        cluster_id: &str,
+        dest: &str,
+        instance: &str,
+        max_age: Duration,
+    ) -> Result<std::result::Result<(), bool>> {
+        let v6 = is_v6(dest);
+        for table in self.snapshot(cluster_id, max_age).await?.iter() {
+            match table.routes.iter().find(|r| r.destination == dest) {
+                Some(r) if r.instance_id.as_deref() == Some(instance) && r.state != "blackhole" => {
+                    continue
+                }
+                Some(r) if r.instance_id.is_some() || r.state == "blackhole" => {
+                    log::info!(
+                        "aws: replacing route {dest} in {} (was {}, {})",
+                        table.id,
+                        r.instance_id.as_deref().unwrap_or("no instance"),
+                        r.state
+                    );
+                    match self.cx.api.delete_route(&table.id, dest, v6).await {
+                        Ok(()) => {}
+                        Err(e) if e.code() == "InvalidRoute.NotFound" => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Some(_) => {
+                    return Err(ProviderError::other(format!(
+                        "route table {} already routes {dest} to a gateway; not changing it",
+                        table.id
+                    )))
+                }
+                None => {}
+            }
+            match self
+                .cx
+                .api
+                .create_route(&table.id, dest, v6, instance)
+                .await
+            {
+                Ok(()) => self.note(&table.id, dest, Some(instance)).await,
+                Err(e) if e.code() == "RouteAlreadyExists" => return Ok(Err(true)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Ok(()))
     }
 
     async fn tables(&self, cluster_id: &str) -> Result<Vec<RouteTable>> {
@@ -95,9 +217,9 @@ impl AwsRoutes {
         &self,
         cluster_id: &str,
     ) -> Result<(usize, BTreeMap<String, Across>, HashMap<String, String>)> {
-        let tables = self.tables(cluster_id).await?;
+        let tables = self.snapshot(cluster_id, Duration::ZERO).await?;
         let mut by_dest: BTreeMap<String, Across> = BTreeMap::new();
-        for t in &tables {
+        for t in tables.iter() {
             for r in &t.routes {
                 let blackhole = r.state == "blackhole";
                 if r.instance_id.is_none() && !blackhole {
@@ -198,48 +320,39 @@ impl Routes for AwsRoutes {
                 None => self.instance_for(&route.target_node).await?,
             };
             self.cx.remember_node(&instance, &route.target_node);
-            self.cx.api.set_source_dest_check(&instance, false).await?;
-            let v6 = is_v6(&dest);
-            for table in self.tables(&cluster_id).await? {
-                let existing = table.routes.iter().find(|r| r.destination == dest);
-                match existing {
-                    Some(r)
-                        if r.instance_id.as_deref() == Some(instance.as_str())
-                            && r.state != "blackhole" =>
+            let done = self
+                .unchecked
+                .lock()
+                .expect("unchecked")
+                .contains(&instance);
+            if !done {
+                self.cx.api.set_source_dest_check(&instance, false).await?;
+                self.unchecked
+                    .lock()
+                    .expect("unchecked")
+                    .insert(instance.clone());
+            }
+            match self
+                .add_everywhere(&cluster_id, &dest, &instance, SNAPSHOT_MAX_AGE)
+                .await?
+            {
+                Ok(()) => Ok(()),
+                // The snapshot was stale (someone else added the route): read the tables again
+                // and decide once more.
+                Err(_) => {
+                    self.forget_snapshot().await;
+                    match self
+                        .add_everywhere(&cluster_id, &dest, &instance, Duration::ZERO)
+                        .await?
                     {
-                        continue
+                        Ok(()) => Ok(()),
+                        Err(_) => {
+                            log::info!("aws: route {dest} already exists");
+                            Ok(())
+                        }
                     }
-                    Some(r) if r.instance_id.is_some() || r.state == "blackhole" => {
-                        log::info!(
-                            "aws: replacing route {dest} in {} (was {}, {})",
-                            table.id,
-                            r.instance_id.as_deref().unwrap_or("no instance"),
-                            r.state
-                        );
-                        self.cx.api.delete_route(&table.id, &dest, v6).await?;
-                    }
-                    Some(_) => {
-                        return Err(ProviderError::other(format!(
-                            "route table {} already routes {dest} to a gateway; not changing it",
-                            table.id
-                        )))
-                    }
-                    None => {}
-                }
-                match self
-                    .cx
-                    .api
-                    .create_route(&table.id, &dest, v6, &instance)
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(e) if e.code() == "RouteAlreadyExists" => {
-                        log::info!("aws: route {dest} already in {}", table.id);
-                    }
-                    Err(e) => return Err(e.into()),
                 }
             }
-            Ok(())
         })
     }
 
@@ -247,7 +360,7 @@ impl Routes for AwsRoutes {
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let dest = route.destination_cidr.clone();
         self.cx.rt.run(ctx, async {
-            for table in self.tables(&cluster_id).await? {
+            for table in self.snapshot(&cluster_id, SNAPSHOT_MAX_AGE).await?.iter() {
                 let Some(r) = table.routes.iter().find(|r| r.destination == dest) else {
                     continue;
                 };
@@ -256,8 +369,10 @@ impl Routes for AwsRoutes {
                     continue;
                 }
                 match self.cx.api.delete_route(&table.id, &dest, r.ipv6).await {
-                    Ok(()) => {}
-                    Err(e) if e.code() == "InvalidRoute.NotFound" => {}
+                    Ok(()) => self.note(&table.id, &dest, None).await,
+                    Err(e) if e.code() == "InvalidRoute.NotFound" => {
+                        self.note(&table.id, &dest, None).await
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
