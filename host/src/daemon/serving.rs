@@ -1,9 +1,10 @@
 //! The secure port as upstream's: always HTTPS, with `--tls-cert-file`/`--tls-private-key-file`
 //! when given, else a self-signed certificate for `localhost`/`127.0.0.1` (kept in memory, or
 //! written to and read back from `--cert-dir`), and limits that keep clients from holding the
-//! port: a TLS handshake timeout, a request header timeout (slow clients are dropped), an idle
-//! timeout, and a connection cap that closes the longest idle connection to admit a new one (so
-//! thousands of idle or half-open connections never starve the kubelet's `/healthz` probe).
+//! port ([`Limits`]): a TLS handshake timeout, a request header timeout that also ends idle
+//! kept-alive connections (slow clients are dropped), an idle timeout for everything else, and a
+//! connection cap that closes the longest idle connection to admit a new one (so thousands of
+//! idle or half-open connections never starve the kubelet's `/healthz` probe).
 //!
 //! Requests are authenticated and authorized by [`super::delegated_auth`] before the endpoints
 //! of [`super::http`] see them.
@@ -26,10 +27,12 @@ pub const PAIR_NAME: &str = "cloud-controller-manager";
 pub struct Limits {
     /// How long a client may take to finish the TLS handshake.
     pub handshake_timeout: Duration,
-    /// How long a client may take to send a request's headers (from the first byte it is
-    /// awaited), then the connection is closed.
+    /// How long a client may take to send a request's headers, counted from when the server
+    /// starts waiting for them: after the handshake, and after each response on a kept-alive
+    /// connection (so it is also the keep-alive idle time). Then the connection is closed.
     pub header_read_timeout: Duration,
-    /// A connection with no request for this long is closed.
+    /// A connection with no request in a handler for this long is closed, whatever it is doing
+    /// (e.g. a client that stopped reading a response larger than the socket buffers).
     pub idle_timeout: Duration,
     /// Connections held at once. At the cap a new connection closes the longest idle one
     /// (handshaking, waiting for headers or between requests); when every connection is in
@@ -37,9 +40,10 @@ pub struct Limits {
     pub max_connections: usize,
 }
 
-/// The limits `ccm-host run` uses. Upstream's Go server has a 32 s header timeout, a 90 s idle
-/// timeout and no cap; the endpoints here answer in milliseconds, so a client that needs 10 s to
-/// send its headers is not one to wait for, and 256 connections are far more than the kubelet
+/// The limits `ccm-host run` uses. Upstream's Go server has a 32 s header timeout, keeps idle
+/// connections 90 s and has no cap; the endpoints here answer in milliseconds, so a client that
+/// needs 10 s to send its headers is not one to wait for (a scraper reconnects for its next
+/// scrape instead of reusing the connection), and 256 connections are far more than the kubelet
 /// and a few scrapers use while staying well inside a 1024 file descriptor limit.
 pub const DEFAULT_LIMITS: Limits = Limits {
     handshake_timeout: Duration::from_secs(10),
