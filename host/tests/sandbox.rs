@@ -1064,3 +1064,62 @@ fn interrupt_before_convergence_exits_130_with_the_summary() {
         "{open:#?}"
     );
 }
+
+/// `-- --secure-port N`: the embedded daemon's secure port delegates to the sandbox's API server,
+/// which accepts the token the sandbox prints: anonymous `/metrics` is refused, the token's is
+/// served.
+#[test]
+fn the_secure_port_delegates_to_the_sandboxs_api_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let mut running = Running::spawn(
+        dir.path(),
+        &[
+            "--nodes",
+            "2",
+            "--services",
+            "1",
+            "--duration",
+            "5m",
+            "--",
+            "--secure-port",
+            &port,
+            "--bind-address",
+            "127.0.0.1",
+        ],
+    );
+    let line = running.wait_line("the secure port's line", Duration::from_secs(60), |l| {
+        l.starts_with("sandbox: secure port https://127.0.0.1:")
+    });
+    let token = line
+        .split("Authorization: Bearer ")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .unwrap_or_else(|| panic!("no token in {line:?}"))
+        .to_string();
+    assert!(
+        line.contains(&format!("https://127.0.0.1:{port}/metrics")),
+        "{line}"
+    );
+    let port: u16 = port.parse().unwrap();
+    let started = Instant::now();
+    while !matches!(support::https::get(port, "/healthz", None), Ok((200, _))) {
+        assert!(started.elapsed() < Duration::from_secs(60), "no /healthz");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(support::https::get(port, "/metrics", None).unwrap().0, 403);
+    let (code, body) = support::https::get(port, "/metrics", Some(&token)).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("# TYPE node_controller_initial_node_sync_delay_seconds histogram"),
+        "{body}"
+    );
+    running.interrupt();
+    let (status, _, stderr) = running.finish();
+    assert!(status.code().is_some(), "{}", stderr.join("\n"));
+}

@@ -58,6 +58,10 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 /// The system-wide plugin directory, used by default when it exists.
 pub const SYSTEM_PLUGIN_DIR: &str = "/usr/lib/ccm-host/plugins";
 
+/// The bearer token the sandbox's API server accepts for the secure port (`-- --secure-port N`):
+/// user `sandbox-viewer`, allowed to get every path.
+pub const SANDBOX_TOKEN: &str = "ccm-sandbox-token";
+
 /// Flags of `ccm-host run` the sandbox sets itself; they cannot be given after `--`.
 const OWNED_RUN_FLAGS: [(&str, &str); 7] = [
     ("--plugin-dir", "use `ccm-host sandbox --plugin-dir DIR` (before --)"),
@@ -97,7 +101,8 @@ pub enum SummaryFormat {
     after_help = "Flags of `ccm-host run` for the controllers go after `--`, e.g. \
     `ccm-host sandbox -- --concurrent-node-syncs 4 --controllers '*,-route'`. The sandbox sets \
     --plugin-dir, --cloud-provider, --cloud-config, --kubeconfig and --cluster-cidr itself, and \
-    defaults --secure-port 0, --leader-elect true and --configure-cloud-routes true."
+    defaults --secure-port 0, --leader-elect true, --configure-cloud-routes true and the \
+    --authentication-kubeconfig/--authorization-kubeconfig of the secure port (its API server)."
 )]
 pub struct SandboxArgs {
     /// Directory of provider plugin `.so` files (repeatable). Default: the directory of this
@@ -293,10 +298,15 @@ fn daemon_argv(
     }
     push("--kubeconfig", &kubeconfig.display().to_string());
     push("--cluster-cidr", cluster_cidr);
+    let kubeconfig = kubeconfig.display().to_string();
     for (flag, default) in [
         ("--secure-port", "0"),
         ("--leader-elect", "true"),
         ("--configure-cloud-routes", "true"),
+        // The secure port (when served) asks the sandbox's API server about tokens and access,
+        // which answers for SANDBOX_TOKEN (see `run`).
+        ("--authentication-kubeconfig", kubeconfig.as_str()),
+        ("--authorization-kubeconfig", kubeconfig.as_str()),
     ] {
         if !mentions(run_flags, flag) {
             push(flag, default);
@@ -597,6 +607,23 @@ impl Sandbox {
             if let Err(e) = p.initialize(host).await {
                 return Err(usage(format!("cloud provider Initialize failed: {e}")));
             }
+        }
+        if self.run_args.secure_port != 0 {
+            // The secure port delegates to this API server: a token it accepts, allowed to get
+            // every path (/metrics, /healthz/<check>).
+            let ctl = server.controls();
+            ctl.add_token(SANDBOX_TOKEN, "sandbox-viewer", &[]);
+            ctl.allow_non_resource("sandbox-viewer", &["get"], &["*"]);
+            let host = match self.run_args.bind_address {
+                a if a.is_unspecified() => "127.0.0.1".to_string(),
+                std::net::IpAddr::V6(a) => format!("[{a}]"),
+                a => a.to_string(),
+            };
+            eprintln!(
+                "sandbox: secure port https://{host}:{port} (self-signed certificate; /healthz and /readyz for anyone): \
+                 curl -k -H 'Authorization: Bearer {SANDBOX_TOKEN}' https://{host}:{port}/metrics",
+                port = self.run_args.secure_port
+            );
         }
         let kubectl_config = self.args.kubeconfig_out.as_deref().unwrap_or(&kubeconfig);
         eprintln!(
@@ -1299,6 +1326,18 @@ mod tests {
         assert_eq!(run.plugins.plugin_dirs, [PathBuf::from("/w/plugins")]);
         let run = DaemonFlags::try_parse_from(argv(&[]).unwrap()).unwrap().run;
         assert!(run.leader_elect, "leader election on by default");
+        let auth = run.upstream.auth_settings();
+        assert_eq!(
+            (
+                auth.authentication_kubeconfig,
+                auth.authorization_kubeconfig
+            ),
+            (
+                Some(PathBuf::from("/w/kubeconfig")),
+                Some(PathBuf::from("/w/kubeconfig"))
+            ),
+            "the secure port delegates to the sandbox's API server"
+        );
     }
 
     #[test]
