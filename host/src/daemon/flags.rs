@@ -161,13 +161,15 @@ pub struct RunArgs {
     pub kube_api_burst: i64,
 
     // ---- serving ----
-    /// Port of the HTTP endpoints (/healthz, /readyz, /metrics); 0 disables serving.
+    /// HTTPS port of the endpoints (/healthz, /readyz, /metrics), behind delegated
+    /// authentication and authorization; 0 disables serving.
     #[arg(long, default_value_t = 10258)]
     pub secure_port: u16,
     /// Address the endpoints listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind_address: IpAddr,
-    /// PEM certificate (chain) to serve the endpoints over HTTPS; plain HTTP without it.
+    /// PEM certificate (chain) of the endpoints; without it a self-signed certificate (see
+    /// --cert-dir).
     #[arg(long)]
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of --tls-cert-file.
@@ -204,7 +206,7 @@ pub struct RunSettings {
     pub kube_api_qps: f64,
     /// Client-side API burst.
     pub kube_api_burst: u32,
-    /// Certificate and key files when serving HTTPS.
+    /// `--tls-cert-file` and `--tls-private-key-file`, when given.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Lease duration.
     pub lease_duration: Duration,
