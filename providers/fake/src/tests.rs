@@ -978,9 +978,10 @@ fn health_follows_the_health_setting() {
     let c = state_dir_cloud(dir.path(), "");
     let x = ctx();
     c.health(&x).unwrap();
-    let mut control = FakeConfig::default();
-    control.health =
-        Some(ErrorSpec::new(InjectedKind::Unauthorized).message("credentials rejected"));
+    let mut control = FakeConfig {
+        health: Some(ErrorSpec::new(InjectedKind::Unauthorized).message("credentials rejected")),
+        ..FakeConfig::default()
+    };
     write_control(dir.path(), &control).unwrap();
     let e = c.health(&x).unwrap_err();
     assert_eq!(
