@@ -151,8 +151,8 @@ fn fake_provider_passes_every_check_v2_and_legacy() {
         );
         assert_eq!(run.code, 0, "{provider}: {}\n{}", run.stdout, run.stderr);
         let checks = run.checks();
-        assert_eq!(checks.len(), 20, "{provider}: every check reported");
-        assert_eq!(run.with_status("pass").len(), 20, "{provider}: {checks:#?}");
+        assert_eq!(checks.len(), 22, "{provider}: every check reported");
+        assert_eq!(run.with_status("pass").len(), 22, "{provider}: {checks:#?}");
         let report = run.json();
         assert_eq!(report["subject"]["providerName"], provider);
         assert_eq!(report["failed"], 0);
@@ -215,7 +215,7 @@ fn example_provider_passes_with_its_shipped_config() {
         .contains("route-controller    skip    skipped (no Routes)\n"));
     assert!(
         run.stdout
-            .ends_with("20 checks: 13 passed, 0 failed, 7 skipped\n"),
+            .ends_with("22 checks: 13 passed, 0 failed, 9 skipped\n"),
         "{}",
         run.stdout
     );
@@ -234,7 +234,7 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
     );
     // (provider, failed checks, skipped checks): a root cause fails one check, the checks that
     // depend on it are skipped naming it.
-    let cases: [(&str, Expected, Expected); 3] = [
+    let cases: [(&str, Expected, Expected); 5] = [
         (
             "broken-lb",
             &[(
@@ -269,6 +269,22 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
                 ("instance-shutdown", "skipped: depends on provider-id"),
                 ("node-lifecycle", "skipped: depends on provider-id"),
             ],
+        ),
+        (
+            "broken-same-ip",
+            &[(
+                "lb-distinct",
+                "Services default/ccm-check-direct and default/ccm-check-second both got 192.0.2.1: two Services must not share a load-balancer address",
+            )],
+            &[],
+        ),
+        (
+            "broken-ignores-hosts",
+            &[(
+                "lb-hosts",
+                "after UpdateLoadBalancer with hosts [ccm-check-1] the load balancer targets [ccm-check-1,ccm-check-2,ccm-check-3]",
+            )],
+            &[],
         ),
     ];
     for (provider, failed, skipped) in cases {
@@ -427,6 +443,43 @@ fn a_passing_run_prints_no_warning() {
         .filter(|l| l.contains(" WARN ") || l.contains(" ERROR ") || l.starts_with("warning"))
         .collect();
     assert!(warnings.is_empty(), "{warnings:#?}");
+}
+
+#[test]
+fn load_balancers_may_share_an_address_when_the_provider_says_so() {
+    // The fake with externalIP gives every load balancer one address, and declares it
+    // (LoadBalancer::shares_addresses, ABI 1.1 LB_SHARED_ADDRESSES): lb-distinct passes.
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "fake.yaml",
+        &format!("{FAKE_CONFIG}externalIP: 192.0.2.10\n"),
+    );
+    let run = check(
+        dir.path(),
+        &[
+            "--cloud-provider",
+            "fake",
+            "--cloud-config",
+            &config,
+            "--shutdown-node",
+            "stopped-1",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let checks = run.checks();
+    let (status, detail) = &checks["lb-distinct"];
+    assert_eq!(status, "pass");
+    assert!(
+        detail.ends_with(
+            "default/ccm-check-second [192.0.2.10] (shared addresses, as the provider declares)"
+        ),
+        "{detail}"
+    );
+    // The host read-back of the fake (ABI 1.1) shows every host set the kit handed over.
+    assert_eq!(checks["lb-hosts"].0, "pass", "{checks:#?}");
 }
 
 #[test]

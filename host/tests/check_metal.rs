@@ -1,6 +1,6 @@
 //! `ccm-host check` as a real process on the metal provider: with an inventory that knows the
 //! check nodes (one of them shut down, one dual-stack) and a small pool, every check passes
-//! except the route checks, skipped because metal offers no Routes.
+//! except the route checks (metal offers no Routes) and the host read-back (it has none).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -91,7 +91,18 @@ fn metal_passes_every_check_but_the_route_ones() {
             id.as_str()
         })
         .collect();
-    assert_eq!(skipped, vec!["route-controller", "routes-round-trip"]);
+    assert_eq!(
+        skipped,
+        vec!["lb-hosts", "route-controller", "routes-round-trip"]
+    );
+    // Metal hands out addresses only (the nodes announce them): it has no host read-back, and
+    // the kit says why it cannot check the host set.
+    assert!(
+        checks["lb-hosts"]
+            .1
+            .starts_with("skipped (no host read-back: the provider does not implement LoadBalancer::load_balancer_hosts"),
+        "{checks:#?}"
+    );
     assert_eq!(report["subject"]["providerName"], "metal");
     assert!(
         checks["provider-id"].1.contains("metal://c1"),

@@ -2,6 +2,10 @@
 //! Ensure, host-set updates, deletion of present and missing load balancers), then the real
 //! service controller provisioning and cleaning up a Service.
 
+use std::collections::BTreeSet;
+
+use ccm_provider_abi::ext::ExtCapabilities;
+use ccm_provider_abi::{ErrorKind, ProviderError};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
@@ -15,6 +19,9 @@ use crate::well_known::LB_CLEANUP_FINALIZER;
 
 /// Name of the Service the service controller provisions.
 pub const CONTROLLER_SERVICE: &str = "ccm-check-svc";
+
+/// Name of the second Service handed to the provider directly (lb-distinct).
+pub const SECOND_SERVICE: &str = "ccm-check-second";
 
 /// `namespace/name` of a Service, for the report.
 pub(super) fn service_name(svc: &Service) -> String {
@@ -59,6 +66,13 @@ impl Suite {
             "lb-update-hosts",
             self.no_lb_status(),
             self.lb_update_hosts().await
+        );
+        step!(self, "lb-hosts", self.no_lb_status(), self.lb_hosts().await);
+        step!(
+            self,
+            "lb-distinct",
+            self.no_lb_status(),
+            self.lb_distinct().await
         );
         step!(self, "lb-delete", self.no_lb(), self.lb_delete().await);
         step!(
@@ -214,9 +228,12 @@ impl Suite {
         };
         let all = self.current_nodes();
         let first: Vec<Node> = all.iter().take(1).cloned().collect();
+        let none: Vec<Node> = Vec::new();
         let svc = &self.direct_service;
         let mut problems = Vec::new();
-        for hosts in [&first, &all, &first, &all] {
+        // An empty host set is part of the contract: the service controller updates a load
+        // balancer to no hosts when no node is eligible (upstream does the same).
+        for hosts in [&first, &all, &none, &all] {
             if let Err(e) = self
                 .direct(
                     "UpdateLoadBalancer",
@@ -251,11 +268,236 @@ impl Suite {
         Outcome::from_problems(
             problems,
             format!(
-                "hosts [{}] -> [{}] -> [{}] -> [{}], status unchanged",
+                "hosts [{}] -> [{}] -> [] -> [{}], status unchanged",
                 names(&first),
+                names(&all),
+                names(&all)
+            ),
+        )
+    }
+
+    /// The provider's read-back of the hosts the Service's load balancer targets (ABI 1.1),
+    /// sorted; `Err` is the reason as text, `Ok(None)` "no load balancer".
+    async fn read_hosts(&self, svc: &Service) -> Result<Option<Vec<String>>, ProviderError> {
+        self.direct(
+            "LoadBalancerHosts",
+            &service_name(svc),
+            self.provider
+                .load_balancer_hosts(&self.plan.cluster_name, svc),
+        )
+        .await
+        .map(|hosts| {
+            hosts.map(|mut h| {
+                h.sort();
+                h.dedup();
+                h
+            })
+        })
+    }
+
+    /// The host set handed to EnsureLoadBalancer and UpdateLoadBalancer is the one the load
+    /// balancer targets, as the provider's read-back (ABI 1.1 `load_balancer_hosts`) shows.
+    async fn lb_hosts(&self) -> Outcome {
+        let svc = &self.direct_service;
+        let all = self.current_nodes();
+        let first: Vec<Node> = all.iter().take(1).cloned().collect();
+        let none: Vec<Node> = Vec::new();
+        let sorted = |nodes: &[Node]| {
+            let mut v: Vec<String> = nodes
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect();
+            v.sort();
+            v
+        };
+        // The provider offers the read-back at all?
+        match self.read_hosts(svc).await {
+            Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => {
+                return Outcome::skip(format!(
+                    "skipped (no host read-back: the provider does not implement LoadBalancer::load_balancer_hosts, ABI 1.1, so whether it honours the host set cannot be seen{})",
+                    if self.provider.abi_generation() == "1.0" {
+                        "; its plugin was built against ccm-provider-abi 1.0"
+                    } else {
+                        ""
+                    }
+                ))
+            }
+            Err(e) => return Outcome::fail(format!("LoadBalancerHosts: {}", err_text(&e))),
+            Ok(_) => {}
+        }
+        let mut problems = Vec::new();
+        let cluster = &self.plan.cluster_name;
+        for (step, hosts) in [(0, &all), (1, &first), (1, &none), (1, &all)] {
+            let method = if step == 0 {
+                "EnsureLoadBalancer"
+            } else {
+                "UpdateLoadBalancer"
+            };
+            let done = if step == 0 {
+                self.ensure_lb(svc, hosts).await.map(|_| ())
+            } else {
+                self.direct(
+                    method,
+                    &service_name(svc),
+                    self.provider.update_load_balancer(cluster, svc, hosts),
+                )
+                .await
+                .map_err(|e| format!("{method}: {}", err_text(&e)))
+            };
+            if let Err(e) = done {
+                problems.push(format!("with hosts [{}]: {e}", names(hosts)));
+                break;
+            }
+            let want = sorted(hosts);
+            match self.read_hosts(svc).await {
+                Err(e) => {
+                    problems.push(format!(
+                        "LoadBalancerHosts after {method} with hosts [{}]: {}",
+                        names(hosts),
+                        err_text(&e)
+                    ));
+                    break;
+                }
+                Ok(None) => {
+                    problems.push(format!(
+                        "after {method} with hosts [{}] the provider reads back no load balancer",
+                        names(hosts)
+                    ));
+                    break;
+                }
+                Ok(Some(got)) if got != want => problems.push(format!(
+                    "after {method} with hosts [{}] the load balancer targets [{}]{}",
+                    want.join(","),
+                    got.join(","),
+                    if step == 0 {
+                        ""
+                    } else {
+                        " (UpdateLoadBalancer must make the backends exactly the hosts it is given)"
+                    }
+                )),
+                Ok(Some(_)) => {}
+            }
+        }
+        Outcome::from_problems(
+            problems,
+            format!(
+                "the load balancer targets exactly the hosts given: [{}], then [{}], [], [{}]",
                 names(&all),
                 names(&first),
                 names(&all)
+            ),
+        )
+    }
+
+    async fn lb_name(&self, svc: &Service) -> Result<String, ProviderError> {
+        self.direct(
+            "GetLoadBalancerName",
+            &service_name(svc),
+            self.provider
+                .get_load_balancer_name(&self.plan.cluster_name, svc),
+        )
+        .await
+    }
+
+    /// A second Service gets a load balancer of its own: another name and (unless the provider
+    /// declares shared addresses) another address, and the first one is left as it was.
+    async fn lb_distinct(&mut self) -> Outcome {
+        let cluster = self.plan.cluster_name.clone();
+        let first = self.direct_service.clone();
+        let second = scene::service(
+            SECOND_SERVICE,
+            Some(&scene::uid(&self.plan.nonce, "second")),
+        );
+        self.second_service = Some(second.clone());
+        let nodes = self.current_nodes();
+        let before = match self.get_lb(&first).await {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return Outcome::fail(
+                    "GetLoadBalancer reports no load balancer for the first Service",
+                )
+            }
+            Err(e) => return Outcome::fail(e),
+        };
+        let status = match self.ensure_lb(&second, &nodes).await {
+            Ok(s) => s,
+            Err(e) => return Outcome::fail(format!("for a second Service: {e}")),
+        };
+        let mut problems = validate::load_balancer_status(&status);
+        let shared = self
+            .provider
+            .ext_capabilities()
+            .contains(ExtCapabilities::LB_SHARED_ADDRESSES);
+        let addresses = |s: &LoadBalancerStatus| -> BTreeSet<String> {
+            s.ingress
+                .iter()
+                .flatten()
+                .flat_map(|i| i.ip.iter().chain(i.hostname.iter()).cloned())
+                .collect()
+        };
+        let common: Vec<String> = addresses(&before)
+            .intersection(&addresses(&status))
+            .cloned()
+            .collect();
+        if !common.is_empty() && !shared {
+            problems.push(format!(
+                "Services {} and {} both got {}: two Services must not share a load-balancer address (if yours share addresses by design, e.g. one IP told apart by port, return true from LoadBalancer::shares_addresses)",
+                service_name(&first),
+                service_name(&second),
+                common.join(", ")
+            ));
+        }
+        match (self.lb_name(&first).await, self.lb_name(&second).await) {
+            (Ok(a), Ok(b)) if a == b => problems.push(format!(
+                "GetLoadBalancerName gives both Services the name {a:?}: one load balancer would take over the other"
+            )),
+            (Ok(_), Ok(_)) => {}
+            (Err(e), _) | (_, Err(e)) => {
+                problems.push(format!("GetLoadBalancerName: {}", err_text(&e)))
+            }
+        }
+        match self.get_lb(&first).await {
+            Err(e) => problems.push(e),
+            Ok(now) if !load_balancer_status_equal(now.as_ref(), Some(&before)) => {
+                problems.push(format!(
+                    "EnsureLoadBalancer for a second Service changed the first Service's load balancer from {} to {}",
+                    describe_status(Some(&before)),
+                    describe_status(now.as_ref())
+                ))
+            }
+            Ok(_) => {}
+        }
+        if let Err(e) = self
+            .direct(
+                "EnsureLoadBalancerDeleted",
+                &service_name(&second),
+                self.provider
+                    .ensure_load_balancer_deleted(&cluster, &second),
+            )
+            .await
+        {
+            problems.push(format!(
+                "EnsureLoadBalancerDeleted for the second Service: {}",
+                err_text(&e)
+            ));
+        } else if let Ok(None) = self.get_lb(&first).await {
+            problems.push(
+                "deleting the second Service's load balancer deleted the first one too".to_string(),
+            );
+        }
+        Outcome::from_problems(
+            problems,
+            format!(
+                "{} {} and {} {}{}",
+                service_name(&first),
+                describe_status(Some(&before)),
+                service_name(&second),
+                describe_status(Some(&status)),
+                if shared && !common.is_empty() {
+                    " (shared addresses, as the provider declares)"
+                } else {
+                    ""
+                }
             ),
         )
     }

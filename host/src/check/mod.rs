@@ -354,6 +354,8 @@ pub(crate) struct Suite {
     lb_status: Option<k8s_openapi::api::core::v1::LoadBalancerStatus>,
     /// The Service the service controller provisions, as created (with its UID).
     controller_service: Option<Service>,
+    /// The second Service handed to the provider directly (lb-distinct), once used.
+    second_service: Option<Service>,
     /// Checks skipped because a check they depend on failed: id -> the failed check.
     blocked: BTreeMap<&'static str, &'static str>,
     /// Methods that ran into the call deadline ([`hang`]).
@@ -415,6 +417,7 @@ impl Suite {
             direct_service,
             lb_status: None,
             controller_service: None,
+            second_service: None,
             blocked: BTreeMap::new(),
             hangs: hang::Hangs::default(),
         };
@@ -612,6 +615,7 @@ impl Suite {
                 Some(self.direct_service.clone()),
                 Some(deadline::probe_service(&self.plan.nonce)),
                 self.controller_service.clone(),
+                self.second_service.clone(),
             ];
             for svc in services.into_iter().flatten() {
                 let name = lb::service_name(&svc);

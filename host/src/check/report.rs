@@ -53,7 +53,15 @@ pub const CHECKS: &[(&str, &str)] = &[
     ),
     (
         "lb-update-hosts",
-        "UpdateLoadBalancer with changing host sets keeps the load balancer",
+        "UpdateLoadBalancer with changing host sets (also none) keeps the load balancer",
+    ),
+    (
+        "lb-hosts",
+        "the load balancer targets exactly the hosts handed to Ensure/UpdateLoadBalancer (ABI 1.1 read-back)",
+    ),
+    (
+        "lb-distinct",
+        "a second Service gets its own load balancer: another name and address (unless declared shared)",
     ),
     (
         "lb-delete",
@@ -96,6 +104,8 @@ pub const DEPENDS: &[(&str, &[&str])] = &[
     ("lb-ensure", &["initialize"]),
     ("lb-idempotent", &["lb-ensure"]),
     ("lb-update-hosts", &["lb-ensure"]),
+    ("lb-hosts", &["lb-update-hosts"]),
+    ("lb-distinct", &["lb-ensure"]),
     ("lb-delete", &["initialize"]),
     ("service-controller", &["lb-ensure", "lb-delete"]),
     ("routes-round-trip", &["initialize"]),

@@ -697,6 +697,31 @@ impl Provider {
         .await
     }
 
+    /// ABI 1.1 `LoadBalancerHosts`: the node names the Service's load balancer targets now
+    /// (`None` when it does not exist). `NotImplemented` when the provider offers no read-back
+    /// (or its plugin was built against ABI 1.0). Only `ccm-host check` calls it.
+    pub async fn load_balancer_hosts(
+        &self,
+        cluster: &str,
+        service: &Service,
+    ) -> Result<Option<Vec<String>>, ProviderError> {
+        self.lb()?;
+        let Some(ext) = self.ext() else {
+            return Err(ProviderError::not_implemented()
+                .context("a plugin built against ccm-provider-abi 1.0 has no host read-back"));
+        };
+        let (cluster, svc) = (cluster.to_string(), to_json("Service", service)?);
+        self.call("LoadBalancerHosts", move |ctx| {
+            ext.load_balancer_hosts(ctx, cluster.as_str().into(), svc.as_str().into())
+                .map(|hosts| {
+                    hosts
+                        .into_option()
+                        .map(|h| h.into_iter().map(RString::into_string).collect())
+                })
+        })
+        .await
+    }
+
     // ---- Instances (legacy) ----------------------------------------------------------------
 
     /// `NodeAddresses`.

@@ -205,4 +205,22 @@ impl LoadBalancer for FakeCloud {
         });
         Ok(())
     }
+
+    fn load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+    ) -> Result<Option<Vec<String>>> {
+        let key = service_key(service);
+        let args = Self::lb_args(cluster_name, &key, None);
+        self.begin("LoadBalancerHosts", "get-load-balancer-hosts", args, ctx)?;
+        let state = crate::cloud::lock(&self.inner.state);
+        Ok(state.lbs.get(&key).map(|lb| lb.hosts.clone()))
+    }
+
+    fn shares_addresses(&self) -> bool {
+        // `externalIP` gives every load balancer the same address.
+        self.settings().config.external_ip.is_some()
+    }
 }
