@@ -362,7 +362,7 @@ async fn https_by_default_with_a_self_signed_certificate_or_cert_dirs() {
         let first = Host::start(dir.path(), "dir-1", &kubeconfig, &[&flag], None);
         let file = certs.join("cloud-controller-manager.crt");
         let served = https::server_cert(first.port).unwrap();
-        assert_eq!(pem_certs(&file), [served.clone()]);
+        assert_eq!(pem_certs(&file), std::slice::from_ref(&served));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(certs.join("cloud-controller-manager.key"))
             .unwrap()
