@@ -79,19 +79,28 @@ pub fn in_call<T>(plugin: &std::path::Path, call: &str, f: impl FnOnce() -> T) -
     out
 }
 
-/// Write `ccm-host: <what><the current call's line>` with write(2) only.
+/// Write `ccm-host: <what><the current call's line>` with one write(2) (async-signal-safe; one
+/// write of at most PIPE_BUF bytes is not interleaved with other threads' log lines).
 fn report(what: &[u8]) {
     let (ptr, len) = CURRENT.with(Cell::get);
     if ptr.is_null() {
         return;
     }
-    // SAFETY: write(2) is async-signal-safe; the buffers live while the call frame does (the
-    // process is ending inside it).
+    // SAFETY: the line lives while the call frame does (the process is ending inside it).
+    let line = unsafe { std::slice::from_raw_parts(ptr, len) };
+    let mut buf = [0u8; 4096];
+    let mut n = 0;
+    for part in [b"ccm-host: ".as_slice(), what, line] {
+        let take = part.len().min(buf.len() - n);
+        buf[n..n + take].copy_from_slice(&part[..take]);
+        n += take;
+    }
+    if n == buf.len() {
+        buf[n - 1] = b'\n';
+    }
+    // SAFETY: write(2) is async-signal-safe and the buffer is ours.
     unsafe {
-        let prefix = b"ccm-host: ";
-        libc::write(2, prefix.as_ptr().cast(), prefix.len());
-        libc::write(2, what.as_ptr().cast(), what.len());
-        libc::write(2, ptr.cast(), len);
+        libc::write(2, buf.as_ptr().cast(), n);
     }
 }
 

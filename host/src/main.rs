@@ -72,11 +72,13 @@ fn run_to_end(
 ) -> anyhow::Result<i32> {
     let rt = runtime()?;
     let result = rt.block_on(command);
-    let started = std::time::Instant::now();
     rt.shutdown_timeout(RUNTIME_SHUTDOWN_LIMIT);
-    if started.elapsed() >= RUNTIME_SHUTDOWN_LIMIT {
+    // Calls stuck in plugins run on the providers' own threads (provider::pool), which the
+    // process exit ends.
+    let stuck = ccm_host::provider::pool::stuck_calls();
+    if stuck > 0 {
         tracing::warn!(
-            "exiting with provider calls still running in plugin threads: abandoned after {RUNTIME_SHUTDOWN_LIMIT:?} (each was logged when it passed its deadline)"
+            "exiting with {stuck} provider call(s) still running in plugin threads: abandoned (each was logged when it passed its deadline)"
         );
     }
     result

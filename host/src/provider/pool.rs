@@ -32,6 +32,14 @@ pub const MAX_WORKERS: usize = 256;
 /// Hung threads a provider may have before its calls are refused.
 pub const HUNG_CAP: usize = 64;
 
+/// Hung threads of every pool in the process (reported when the host exits).
+static STUCK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Provider calls of every provider still running in plugin threads whose callers gave up.
+pub fn stuck_calls() -> usize {
+    STUCK.load(Ordering::Acquire)
+}
+
 /// A job's life: queued, running, done; `ABANDONED` once its caller stopped waiting.
 const QUEUED: u8 = 0;
 const RUNNING: u8 = 1;
@@ -260,6 +268,7 @@ impl CallPool {
             if !wanted {
                 // Abandoned while running: this thread was counted hung and replaced.
                 state.hung -= 1;
+                STUCK.fetch_sub(1, Ordering::AcqRel);
                 if state.reported && state.hung < self.shared.hung_cap {
                     state.reported = false;
                     tracing::info!(provider = %self.shared.provider, hung = state.hung, "provider calls no longer refused: hung calls returned");
@@ -277,6 +286,7 @@ impl CallPool {
                 let mut state = self.lock();
                 state.workers -= 1;
                 state.hung += 1;
+                STUCK.fetch_add(1, Ordering::AcqRel);
                 if state.hung >= self.shared.hung_cap && !state.reported {
                     state.reported = true;
                     tracing::error!("{}", self.unhealthy_message(state.hung));
