@@ -20,8 +20,8 @@ pub mod bulk;
 mod call_metrics;
 mod host_services;
 pub mod instance_cache;
-pub mod limits;
 pub mod lifecycle;
+pub mod limits;
 pub mod pool;
 pub mod throttle;
 
@@ -373,9 +373,10 @@ impl Provider {
         let plugin = self.inner.plugin_path.clone();
         // On the provider's own bounded pool ([`pool`]); a fatal signal inside the plugin names
         // the plugin and the call (crate::crash).
-        let submitted = self.inner.pool.submit(move || {
-            crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result())
-        });
+        let submitted = self
+            .inner
+            .pool
+            .submit(move || crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result()));
         let mut task = match submitted {
             Ok(task) => task,
             Err(refused) => {
