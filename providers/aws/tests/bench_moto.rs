@@ -44,7 +44,7 @@ async fn aws_node_init() {
     let env = AwsEnv::start(moto.moto).await;
     let mut instances = Vec::new();
     while instances.len() < n {
-        let batch = (n - instances.len()).min(250);
+        let batch = (n - instances.len()).min(100);
         instances.extend(
             run_instances(&env.api, &env.cloud, batch, instances.len() % 2, "m5.large").await,
         );

@@ -48,8 +48,9 @@ async fn nodes_are_initialised_from_moto_instances() {
 
     for (i, name) in instances.iter().zip(&names) {
         let n = eventually(&format!("node {name} initialised"), WAIT, || {
-            env.node(name)
-                .filter(|n| !taint_keys(n).contains(&UNINITIALIZED.to_string()))
+            env.node(name).filter(|n| {
+                !taint_keys(n).contains(&UNINITIALIZED.to_string()) && !addresses(n).is_empty()
+            })
         })
         .await;
         assert_eq!(
@@ -87,11 +88,10 @@ async fn nodes_are_initialised_from_moto_instances() {
         "{:?}",
         env.proxy.counts()
     );
-    assert!(
-        env.proxy.count("DescribeInstances") >= 3,
-        "{:?}",
-        env.proxy.counts()
-    );
+    // At most one DescribeInstances per node; one for all three when the host batches them
+    // (ABI 1.1 bulk lookups).
+    let lookups = env.proxy.count("DescribeInstances");
+    assert!((1..=3).contains(&lookups), "{:?}", env.proxy.counts());
 }
 
 // ---- Node lifecycle ---------------------------------------------------------------------------

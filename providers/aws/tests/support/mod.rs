@@ -492,7 +492,7 @@ pub async fn make_cloud(api: &AwsClient) -> Cloud {
     );
     let mut subnets = Vec::new();
     for (i, zone) in ZONES.iter().enumerate() {
-        let cidr = format!("10.0.{}.0/24", i + 1);
+        let cidr = format!("10.0.{}.0/20", i * 16);
         let id = first(
             &ec2(
                 api,
