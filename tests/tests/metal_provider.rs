@@ -12,7 +12,7 @@ use ccm_host::controllers::node::NodeController;
 use ccm_host::controllers::node_lifecycle;
 use ccm_host::controllers::service::ServiceController;
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_integration_tests::harness::eventually;
+use ccm_integration_tests::harness::{eventually, eventually_async};
 use ccm_integration_tests::metal::MetalEnv;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -214,7 +214,13 @@ async fn inventory_edits_apply_without_a_restart_and_bad_edits_keep_the_last_goo
         .controls()
         .seed(tainted_node("node-b", json!({})))
         .unwrap();
-    let ctx = node_ctx(&env, 1).await;
+    // A short address-loop period: the loop reuses instance answers younger than its period
+    // (the provider's instance cache), so an edit shows within one period, as upstream's does.
+    let ctx = env.context(ControllerConfig {
+        node_status_update_frequency: Duration::from_millis(200),
+        ..cfg()
+    });
+    assert!(ctx.nodes.wait_synced().await);
     let ctrl = NodeController::new(ctx.clone());
     ctrl.sync_node("node-b").await.unwrap();
     assert_eq!(
@@ -240,11 +246,12 @@ async fn inventory_edits_apply_without_a_restart_and_bad_edits_keep_the_last_goo
     .await;
     // node-b gets a new address; the periodic address update picks it up.
     env.write_inventory(&INVENTORY.replace("address: 10.10.0.2}", "address: 10.10.0.22}"));
-    ctrl.update_node_status().await;
-    assert_eq!(
-        addresses(&stored_node(&env, "node-b")),
-        vec!["InternalIP=10.10.0.22"]
-    );
+    let (env_ref, ctrl_ref) = (&env, &ctrl);
+    eventually_async("the address loop applies the edit", WAIT, || async move {
+        ctrl_ref.update_node_status().await;
+        (addresses(&stored_node(env_ref, "node-b")) == vec!["InternalIP=10.10.0.22"]).then_some(())
+    })
+    .await;
 
     // A malformed edit (duplicate provider IDs, and a new machine node-d): refused as a whole.
     let bad = format!(
