@@ -484,3 +484,175 @@ async fn slow_and_idle_clients_cannot_hold_the_port() {
         drop(idle);
     });
 }
+
+/// A CA (PEM) and a client certificate it signs for `cn` in `org` (chain, key).
+fn client_pki(
+    cn: &str,
+    org: &str,
+) -> (
+    String,
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "test client CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client.distinguished_name.push(DnType::CommonName, cn);
+    client
+        .distinguished_name
+        .push(DnType::OrganizationName, org);
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = client.signed_by(&key, &issuer).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+    (ca_pem, vec![cert.der().clone()], key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_from_client_ca_file_or_the_cluster_lookup() {
+    let server = ApiServer::start().await.unwrap();
+    let (dir, kubeconfig) = setup();
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let ctl = server.controls();
+    ctl.allow_non_resource("monitoring", &["get"], &["/metrics"]);
+    let (ca, chain, key) = client_pki("prometheus", "monitoring");
+    let (_, other_chain, other_key) = client_pki("prometheus", "monitoring");
+    let ca_file = dir.path().join("client-ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let kc = kubeconfig.to_str().unwrap().to_string();
+    let authz = format!("--authorization-kubeconfig={kc}");
+    let authn = format!("--authentication-kubeconfig={kc}");
+    let client = https::any_cert_with_client_cert(chain.clone(), key.clone_key());
+    tokio::task::block_in_place(|| {
+        // --client-ca-file: the certificate's CN and O are the user; no TokenReview.
+        let flag = format!("--client-ca-file={}", ca_file.display());
+        let host = Host::start(dir.path(), "ca-file", &kubeconfig, &[&authz, &flag], None);
+        ctl.clear_requests();
+        let (code, body) =
+            https::get_with(host.port, client.clone(), "localhost", "/metrics", None).unwrap();
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(reviews(&server, TOKEN_REVIEWS), 0);
+        let review = ctl
+            .requests()
+            .into_iter()
+            .find(|r| r.resource == ACCESS_REVIEWS)
+            .unwrap();
+        assert_eq!(review.json()["spec"]["user"], "prometheus");
+        assert_eq!(
+            review.json()["spec"]["groups"],
+            serde_json::json!(["monitoring", "system:authenticated"])
+        );
+        // Without a certificate: anonymous, as before.
+        assert_eq!(host.get("/metrics", None).0, 403);
+        // A certificate of another CA: the handshake fails.
+        let stranger = https::any_cert_with_client_cert(other_chain.clone(), other_key.clone_key());
+        assert!(https::get_with(host.port, stranger, "localhost", "/metrics", None).is_err());
+        drop(host);
+
+        // The cluster lookup (the default): the CA of configmap
+        // kube-system/extension-apiserver-authentication.
+        ctl.seed(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+            "data": {"client-ca-file": ca}
+        }))
+        .unwrap();
+        let host = Host::start(dir.path(), "lookup", &kubeconfig, &[&authz, &authn], None);
+        let (code, _) =
+            https::get_with(host.port, client.clone(), "localhost", "/metrics", None).unwrap();
+        assert_eq!(code, 200);
+        assert!(
+            host.log().contains(
+                "client certificates (configmap kube-system/extension-apiserver-authentication)"
+            ),
+            "{}",
+            host.log()
+        );
+        drop(host);
+
+        // --authentication-skip-lookup: no client CA, so the certificate is not asked for.
+        let host = Host::start(
+            dir.path(),
+            "skip",
+            &kubeconfig,
+            &[&authz, &authn, "--authentication-skip-lookup"],
+            None,
+        );
+        let (code, _) =
+            https::get_with(host.port, client.clone(), "localhost", "/metrics", None).unwrap();
+        assert_eq!(code, 403);
+        drop(host);
+    });
+
+    // A failing lookup is fatal (exit 2, naming the way out) unless tolerated.
+    let failing = |tolerate: bool| {
+        ctl.fail_next(1, "get", "configmaps", 500);
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run")
+            .arg("--plugin-dir")
+            .arg(plugin_dir(dir.path()))
+            .args(["--cloud-provider", "fake", "--leader-elect=false"])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args([
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &free_port().to_string(),
+            ])
+            .arg(&authn)
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        if tolerate {
+            cmd.arg("--authentication-tolerate-lookup-failure");
+        }
+        cmd
+    };
+    let out = tokio::task::block_in_place(|| failing(false).output().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: cannot read configmap kube-system/extension-apiserver-authentication"
+        ) && stderr.contains("--authentication-tolerate-lookup-failure starts anyway"),
+        "{stderr}"
+    );
+    let tolerated = tokio::task::block_in_place(|| {
+        let mut child = failing(true)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let started = Instant::now();
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        while !text.contains("serving /healthz") && started.elapsed() < Duration::from_secs(60) {
+            match stderr.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        text
+    });
+    assert!(
+        tolerated.contains(
+            "client certificates are not authenticated (--authentication-tolerate-lookup-failure)"
+        ) && tolerated.contains("serving /healthz"),
+        "{tolerated}"
+    );
+}

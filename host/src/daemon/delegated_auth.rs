@@ -1,11 +1,15 @@
 //! Delegated authentication and authorization of the secure port, as upstream's
 //! (k8s.io/apiserver's `DelegatingAuthenticationOptions` / `DelegatingAuthorizationOptions`):
 //!
-//! 1. **Authentication.** A request with `Authorization: Bearer <token>` is authenticated with a
-//!    TokenReview through `--authentication-kubeconfig` (else the in-cluster configuration).
-//!    A token the API server does not accept, or a review that fails, is `401 Unauthorized`
-//!    (also on the always-allowed paths, as upstream). A request without a bearer token is
-//!    `system:anonymous` in `system:unauthenticated`.
+//! 1. **Authentication.** A client certificate the TLS handshake verified against the client CA
+//!    (`--client-ca-file`, else unless `--authentication-skip-lookup` the `client-ca-file` of
+//!    configmap `kube-system/extension-apiserver-authentication`, read at start) is the user of
+//!    its common name in the groups of its organizations. Else a request with
+//!    `Authorization: Bearer <token>` is authenticated with a TokenReview through
+//!    `--authentication-kubeconfig` (else the in-cluster configuration). A token the API server
+//!    does not accept, or a review that fails, is `401 Unauthorized` (also on the always-allowed
+//!    paths, as upstream). A request with neither is `system:anonymous` in
+//!    `system:unauthenticated`. Request-header (front proxy) authentication is not implemented.
 //! 2. **Authorization.** Members of `system:masters` are allowed; the paths of
 //!    `--authorization-always-allow-paths` (default `/healthz`, `/readyz`, `/livez`; a trailing
 //!    `*` matches a prefix) are allowed; anything else is asked with a SubjectAccessReview
@@ -37,7 +41,9 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
+use rustls_pki_types::CertificateDer;
 use serde_json::json;
 
 /// Upstream's default `--authorization-always-allow-paths`.
@@ -66,6 +72,12 @@ pub struct AuthSettings {
     pub authorized_ttl: Duration,
     /// `--authorization-webhook-cache-unauthorized-ttl`.
     pub unauthorized_ttl: Duration,
+    /// `--client-ca-file`.
+    pub client_ca_file: Option<PathBuf>,
+    /// `--authentication-skip-lookup`.
+    pub skip_lookup: bool,
+    /// `--authentication-tolerate-lookup-failure`.
+    pub tolerate_lookup_failure: bool,
 }
 
 impl Default for AuthSettings {
@@ -80,6 +92,9 @@ impl Default for AuthSettings {
             token_cache_ttl: DEFAULT_CACHE_TTL,
             authorized_ttl: DEFAULT_CACHE_TTL,
             unauthorized_ttl: DEFAULT_CACHE_TTL,
+            client_ca_file: None,
+            skip_lookup: false,
+            tolerate_lookup_failure: false,
         }
     }
 }
@@ -198,6 +213,8 @@ enum Decision {
 /// The authenticator and authorizer of the secure port.
 pub struct DelegatedAuth {
     authn: Option<kube::Client>,
+    client_ca: Vec<CertificateDer<'static>>,
+    client_ca_origin: String,
     authz: Option<kube::Client>,
     paths: AlwaysAllowPaths,
     settings: AuthSettings,
@@ -273,8 +290,11 @@ impl DelegatedAuth {
             ),
         )
         .await?;
+        let (client_ca, client_ca_origin) = client_ca(&settings, authn.as_ref()).await?;
         Ok(DelegatedAuth {
             authn,
+            client_ca,
+            client_ca_origin,
             authz,
             paths,
             settings,
@@ -283,14 +303,25 @@ impl DelegatedAuth {
         })
     }
 
+    /// The CA bundle client certificates are verified against (empty: client certificates are
+    /// not asked for).
+    pub fn client_ca(&self) -> &[CertificateDer<'static>] {
+        &self.client_ca
+    }
+
     /// Whether tokens are checked and access asked (for the start-up log).
     pub fn describe(&self) -> String {
         format!(
-            "authentication {}, authorization {}, always allowed: {}",
+            "authentication {}{}, authorization {}, always allowed: {}",
             if self.authn.is_some() {
                 "by TokenReview"
             } else {
-                "off (anonymous)"
+                "of tokens off"
+            },
+            if self.client_ca.is_empty() {
+                String::new()
+            } else {
+                format!(" and client certificates ({})", self.client_ca_origin)
             },
             if self.authz.is_some() {
                 "by SubjectAccessReview"
@@ -301,8 +332,16 @@ impl DelegatedAuth {
         )
     }
 
-    /// Authenticate the request: `Ok(user)`, or `Err` with the reason for a 401.
-    async fn authenticate(&self, headers: &HeaderMap) -> Result<User, String> {
+    /// Authenticate the request: `Ok(user)`, or `Err` with the reason for a 401. As upstream's
+    /// union, a verified client certificate with a common name comes first, then a bearer token.
+    async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        certificate: Option<&PeerCertificate>,
+    ) -> Result<User, String> {
+        if let Some(user) = certificate.and_then(|c| user_from_certificate(&c.0)) {
+            return Ok(user);
+        }
         let Some(token) = bearer_token(headers) else {
             return Ok(User::anonymous());
         };
@@ -401,6 +440,167 @@ impl DelegatedAuth {
     }
 }
 
+/// The ConfigMap the API server publishes its client CA in (upstream's cluster lookup).
+const AUTHENTICATION_CONFIGMAP: &str = "extension-apiserver-authentication";
+
+/// The client CA bundle and where it came from: `--client-ca-file`; else, unless
+/// `--authentication-skip-lookup`, the `client-ca-file` of configmap
+/// `kube-system/extension-apiserver-authentication` (read once, at start) through the
+/// authentication client. A missing ConfigMap or key is no CA; any other failure to read it is
+/// fatal unless `--authentication-tolerate-lookup-failure`, as upstream.
+async fn client_ca(
+    settings: &AuthSettings,
+    authn: Option<&kube::Client>,
+) -> Result<(Vec<CertificateDer<'static>>, String), String> {
+    let none = || Ok((Vec::new(), String::new()));
+    let (pem, origin) = if let Some(path) = &settings.client_ca_file {
+        let pem =
+            std::fs::read(path).map_err(|e| format!("--client-ca-file {}: {e}", path.display()))?;
+        (pem, format!("--client-ca-file {}", path.display()))
+    } else if settings.skip_lookup {
+        return none();
+    } else if let Some(client) = authn {
+        let origin = format!("configmap kube-system/{AUTHENTICATION_CONFIGMAP}");
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+        let read = tokio::time::timeout(REVIEW_TIMEOUT, api.get_opt(AUTHENTICATION_CONFIGMAP));
+        match read.await {
+            Ok(Ok(found)) => {
+                let pem = found
+                    .and_then(|cm| cm.data)
+                    .and_then(|mut data| data.remove("client-ca-file"));
+                match pem {
+                    Some(pem) => (pem.into_bytes(), origin),
+                    None => return none(),
+                }
+            }
+            Ok(Err(e)) => {
+                let hint = match &e {
+                    kube::Error::Api(status) if status.code == 403 => {
+                        " (grant the Role kube-system/extension-apiserver-authentication-reader, see deploy/rbac.yaml)"
+                    }
+                    _ => "",
+                };
+                return lookup_failed(settings, format!("cannot read {origin}: {e}{hint}"));
+            }
+            Err(_) => {
+                return lookup_failed(
+                    settings,
+                    format!("cannot read {origin}: no answer within {REVIEW_TIMEOUT:?}"),
+                )
+            }
+        }
+    } else {
+        return none();
+    };
+    use rustls_pki_types::pem::PemObject;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{origin}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{origin}: no PEM certificate"));
+    }
+    Ok((certs, origin))
+}
+
+fn lookup_failed(
+    settings: &AuthSettings,
+    why: String,
+) -> Result<(Vec<CertificateDer<'static>>, String), String> {
+    if settings.tolerate_lookup_failure {
+        tracing::warn!(
+            "{why}; client certificates are not authenticated (--authentication-tolerate-lookup-failure)"
+        );
+        Ok((Vec::new(), String::new()))
+    } else {
+        Err(format!(
+            "{why} (--authentication-skip-lookup does without it, --authentication-tolerate-lookup-failure starts anyway)"
+        ))
+    }
+}
+
+/// A client certificate the TLS handshake verified against the client CA (the first of the chain
+/// the client sent), handed to the endpoints' requests by the server.
+#[derive(Debug, Clone)]
+pub struct PeerCertificate(pub CertificateDer<'static>);
+
+/// The user of a verified client certificate, as upstream's `CommonNameUserConversion`: the
+/// subject's common name (the last one) is the name, its organizations are the groups (plus
+/// `system:authenticated`); no common name is no user.
+fn user_from_certificate(der: &CertificateDer<'_>) -> Option<User> {
+    let cert = webpki::EndEntityCert::try_from(der).ok()?;
+    let (name, mut groups) = subject_names(cert.subject())?;
+    let name = name.filter(|n| !n.is_empty())?;
+    groups.push("system:authenticated".into());
+    Some(User {
+        name,
+        uid: String::new(),
+        groups,
+        extra: BTreeMap::new(),
+    })
+}
+
+/// One DER element: (tag, contents, what follows).
+fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |len, b| (len << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// The common name and organizations of an X.509 Name, given as the contents of its SEQUENCE
+/// (webpki hands the subject out so): SETs of (OID, string) SEQUENCEs. webpki has checked the
+/// certificate's structure; this reads only the two attributes upstream uses.
+fn subject_names(mut name: &[u8]) -> Option<(Option<String>, Vec<String>)> {
+    const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+    const ORGANIZATION: &[u8] = &[0x55, 0x04, 0x0a];
+    let (mut cn, mut orgs) = (None, Vec::new());
+    while !name.is_empty() {
+        let (tag, mut set, rest) = der_element(name)?;
+        name = rest;
+        if tag != 0x31 {
+            return None;
+        }
+        while !set.is_empty() {
+            let (tag, attribute, rest) = der_element(set)?;
+            set = rest;
+            let (oid_tag, oid, value) = der_element(attribute)?;
+            let (value_tag, value, _) = der_element(value)?;
+            if tag != 0x30 || oid_tag != 0x06 {
+                return None;
+            }
+            let text = match value_tag {
+                // UTF8String, PrintableString, IA5String, TeletexString (read as UTF-8).
+                0x0c | 0x13 | 0x16 | 0x14 => String::from_utf8_lossy(value).into_owned(),
+                // BMPString: UTF-16BE.
+                0x1e => String::from_utf16_lossy(
+                    &value
+                        .chunks(2)
+                        .map(|c| u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)]))
+                        .collect::<Vec<_>>(),
+                ),
+                _ => continue,
+            };
+            if oid == COMMON_NAME {
+                cn = Some(text);
+            } else if oid == ORGANIZATION {
+                orgs.push(text);
+            }
+        }
+    }
+    Some((cn, orgs))
+}
+
 /// The token of `Authorization: Bearer <token>`, as upstream's bearer token authenticator reads
 /// it (scheme case-insensitive; anything else is no token).
 fn bearer_token(headers: &HeaderMap) -> Option<&str> {
@@ -439,7 +639,10 @@ pub async fn middleware(
 ) -> Response {
     let path = req.uri().path().to_string();
     let verb = req.method().as_str().to_ascii_lowercase();
-    let user = match auth.authenticate(req.headers()).await {
+    let user = match auth
+        .authenticate(req.headers(), req.extensions().get::<PeerCertificate>())
+        .await
+    {
         Ok(user) => user,
         Err(why) => {
             tracing::debug!(path, "secure port: unauthorized: {why}");
@@ -510,6 +713,50 @@ mod tests {
         assert_eq!(bearer_token(&h("Bearer")), None);
         assert_eq!(bearer_token(&h("Bearer  abc")), None, "empty token");
         assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn subject_common_name_and_organizations_as_gos_pkix_name() {
+        let name: &[u8] = &[
+            0x31, 0x0a, 0x30, 0x08, 0x06, 0x03, 0x55, 0x04, 0x0a, 0x0c, 0x01, b'a', // O=a
+            0x31, 0x0a, 0x30, 0x08, 0x06, 0x03, 0x55, 0x04, 0x03, 0x13, 0x01, b'x', // CN=x
+            0x31, 0x0b, 0x30, 0x09, 0x06, 0x03, 0x55, 0x04, 0x0a, 0x1e, 0x02, 0x00,
+            b'b', // O=b (BMPString)
+            0x31, 0x0d, 0x30, 0x0b, 0x06, 0x03, 0x55, 0x04, 0x03, 0x0c, 0x04, b'l', b'a', b's',
+            b't', // CN=last
+            0x31, 0x0a, 0x30, 0x08, 0x06, 0x03, 0x55, 0x04, 0x07, 0x0c, 0x01, b'z', // L=z
+        ];
+        assert_eq!(
+            subject_names(name),
+            Some((
+                Some("last".to_string()),
+                vec!["a".to_string(), "b".to_string()]
+            )),
+            "the last common name wins, every organization is a group"
+        );
+        assert_eq!(subject_names(&name[..5]), None, "truncated");
+        assert_eq!(subject_names(&[]), Some((None, vec![])));
+        // A real certificate: rcgen's, with CN and O.
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "prometheus");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "monitoring");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let user = user_from_certificate(cert.der()).unwrap();
+        assert_eq!(user.name, "prometheus");
+        assert_eq!(user.groups, ["monitoring", "system:authenticated"]);
+        let mut nameless = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        nameless.distinguished_name = rcgen::DistinguishedName::new();
+        let cert = nameless.self_signed(&key).unwrap();
+        assert_eq!(
+            user_from_certificate(cert.der()),
+            None,
+            "no common name, no user"
+        );
     }
 
     #[test]

@@ -16,7 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use rustls_pki_types::CertificateDer;
 use tokio_util::sync::CancellationToken;
+
+use super::delegated_auth::PeerCertificate;
 
 /// Upstream's `PairName` for the cloud-controller-manager: `--cert-dir` holds
 /// `cloud-controller-manager.crt` and `cloud-controller-manager.key`.
@@ -165,10 +168,14 @@ pub fn self_signed(bind: IpAddr) -> Result<(Vec<u8>, Vec<u8>), String> {
 }
 
 /// The rustls server configuration for a certificate chain and key (PEM): TLS 1.2 and 1.3,
-/// HTTP/1.1 only.
-pub fn tls_config(cert: &ServingCert) -> Result<Arc<rustls::ServerConfig>, String> {
+/// HTTP/1.1 only; with a `client_ca`, client certificates are asked for (not required) and must
+/// chain to it (a client certificate for client authentication, or the handshake fails).
+pub fn tls_config(
+    cert: &ServingCert,
+    client_ca: &[CertificateDer<'static>],
+) -> Result<Arc<rustls::ServerConfig>, String> {
     use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use rustls_pki_types::PrivateKeyDer;
     let certs = CertificateDer::pem_slice_iter(&cert.cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: {e}", cert.origin))?;
@@ -178,9 +185,27 @@ pub fn tls_config(cert: &ServingCert) -> Result<Arc<rustls::ServerConfig>, Strin
     let key = PrivateKeyDer::from_pem_slice(&cert.key_pem)
         .map_err(|e| format!("the private key of {}: {e}", cert.origin))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| e.to_string())?;
+    let builder = if client_ca.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in client_ca {
+            roots
+                .add(ca.clone())
+                .map_err(|e| format!("client CA: {e}"))?;
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| format!("client CA: {e}"))?;
+        builder.with_client_cert_verifier(verifier)
+    };
+    builder
+        .with_single_cert(certs, key)
         .map(|mut config| {
             config.alpn_protocols = vec![b"http/1.1".to_vec()];
             Arc::new(config)
@@ -204,8 +229,8 @@ pub async fn start(
         .as_ref()
         .map(|(cert, key)| (cert.as_path(), key.as_path()));
     let cert = serving_cert(files, args.upstream.cert_dir.as_deref(), args.bind_address)?;
-    let tls = tls_config(&cert)?;
     let auth = super::delegated_auth::DelegatedAuth::new(args.upstream.auth_settings()).await?;
+    let tls = tls_config(&cert, auth.client_ca())?;
     let auth_summary = auth.describe();
     let bound = super::http::serve(
         addr,
@@ -432,10 +457,20 @@ async fn connection(
         },
     };
     handle.update(|c| c.last_active = Instant::now());
+    // The client certificate the handshake verified, for authentication.
+    let peer_certificate = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|c| PeerCertificate(c.clone().into_owned()));
     let service = {
         let handle = handle.clone();
-        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             let guard = handle.request();
+            if let Some(c) = &peer_certificate {
+                req.extensions_mut().insert(c.clone());
+            }
             let app = app.clone();
             async move {
                 let response = tower::ServiceExt::oneshot(app, req).await;
@@ -523,7 +558,7 @@ mod tests {
             key_pem: key,
             origin: "test".into(),
         };
-        tls_config(&generated).unwrap();
+        tls_config(&generated, &[]).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
@@ -546,7 +581,7 @@ mod tests {
             first.cert_pem, second.cert_pem,
             "read back, not regenerated"
         );
-        tls_config(&second).unwrap();
+        tls_config(&second, &[]).unwrap();
         let in_memory = serving_cert(None, None, unspecified).unwrap();
         assert_eq!(in_memory.origin, "self-signed, in memory");
         assert_ne!(in_memory.cert_pem, first.cert_pem);
@@ -554,6 +589,8 @@ mod tests {
         let garbage = dir.path().join("garbage.pem");
         std::fs::write(&garbage, "hello").unwrap();
         let bad = serving_cert(Some((&garbage, &garbage)), None, unspecified).unwrap();
-        assert!(tls_config(&bad).unwrap_err().contains("no PEM certificate"));
+        assert!(tls_config(&bad, &[])
+            .unwrap_err()
+            .contains("no PEM certificate"));
     }
 }

@@ -1,8 +1,8 @@
 //! The flags of upstream's `cloud-controller-manager --help` beyond ccm-host's own (`flags.rs`),
 //! accepted so that vendor manifests and charts start unchanged: the delegated authentication and
 //! authorization flags and `--cert-dir`, which work as upstream's (`delegated_auth.rs`,
-//! `serving.rs`), and flags whose effect ccm-host does not have (client certificate and
-//! request-header authentication, profiling, leader migration, webhooks, …). Values keep
+//! `serving.rs`), and flags whose effect ccm-host does not have (request-header authentication,
+//! profiling, leader migration, webhooks, …). Values keep
 //! upstream's syntax and are validated as upstream validates them; every flag given that asks
 //! for something ccm-host does not do is named in one warning at start
 //! ([`UpstreamArgs::no_effect`]). `docs/flags.md` lists every upstream flag and what it does here.
@@ -444,16 +444,19 @@ pub struct UpstreamArgs {
     /// How long token reviews are cached (default 10s).
     #[arg(long, value_name = "DURATION")]
     pub authentication_token_webhook_cache_ttl: Option<String>,
-    /// [no effect] The cluster lookup (configmap extension-apiserver-authentication) feeds
-    /// client certificate and request-header authentication, which ccm-host does not do.
+    /// Without --client-ca-file, do not read the client CA from configmap
+    /// kube-system/extension-apiserver-authentication (then client certificates are not
+    /// authenticated).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
           value_parser = parse_go_bool, action = ArgAction::Set)]
     pub authentication_skip_lookup: Option<bool>,
-    /// [no effect] No cluster lookup is made (see --authentication-skip-lookup).
+    /// Start even when that configmap cannot be read (client certificates are then not
+    /// authenticated).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
           value_parser = parse_go_bool, action = ArgAction::Set)]
     pub authentication_tolerate_lookup_failure: Option<bool>,
-    /// [no effect] Client certificates are not authenticated (bearer tokens are).
+    /// CA bundle that client certificates are verified against (user: the common name, groups:
+    /// the organizations); default: the cluster's, from the configmap above.
     #[arg(long, value_name = "FILE")]
     pub client_ca_file: Option<PathBuf>,
     /// [no effect] Request-header (front proxy) authentication is not implemented.
@@ -726,6 +729,12 @@ impl UpstreamArgs {
             token_cache_ttl: ttl(&self.authentication_token_webhook_cache_ttl),
             authorized_ttl: ttl(&self.authorization_webhook_cache_authorized_ttl),
             unauthorized_ttl: ttl(&self.authorization_webhook_cache_unauthorized_ttl),
+            client_ca_file: self
+                .client_ca_file
+                .clone()
+                .filter(|p| !p.as_os_str().is_empty()),
+            skip_lookup: self.authentication_skip_lookup.unwrap_or(false),
+            tolerate_lookup_failure: self.authentication_tolerate_lookup_failure.unwrap_or(false),
         }
     }
 
@@ -790,17 +799,8 @@ impl UpstreamArgs {
         );
         add(!self.tls_sni_cert_key.is_empty(), "tls-sni-cert-key");
         add(is_true(self.permit_port_sharing), "permit-port-sharing");
-        // Delegated authentication: client certificates and the request-header (front proxy)
-        // authentication are not implemented, nor the cluster lookup of their configuration.
-        add(
-            self.authentication_skip_lookup.is_some(),
-            "authentication-skip-lookup",
-        );
-        add(
-            self.authentication_tolerate_lookup_failure.is_some(),
-            "authentication-tolerate-lookup-failure",
-        );
-        add(self.client_ca_file.is_some(), "client-ca-file");
+        // Delegated authentication: request-header (front proxy) authentication is not
+        // implemented.
         add(
             self.requestheader_client_ca_file.is_some(),
             "requestheader-client-ca-file",
@@ -1048,6 +1048,7 @@ mod tests {
                 "--authorization-webhook-cache-unauthorized-ttl=0s",
                 "--cert-dir=/certs",
                 "--client-ca-file=/ca.crt",
+                "--requestheader-client-ca-file=/rh.crt",
                 "--min-resync-period=12h",
                 "--feature-gates=CloudControllerManagerWebhook=true",
             ])
@@ -1057,11 +1058,10 @@ mod tests {
                 "--min-resync-period",
                 "--profiling",
                 "--enable-leader-migration",
-                "--authentication-skip-lookup",
-                "--client-ca-file",
+                "--requestheader-client-ca-file",
                 "--feature-gates=CloudControllerManagerWebhook=true",
             ],
-            "the delegated authentication/authorization flags and --cert-dir work"
+            "the delegated authentication/authorization flags (but request-header authentication) and --cert-dir work"
         );
     }
 
@@ -1075,6 +1075,21 @@ mod tests {
             (DEFAULT_CACHE_TTL, DEFAULT_CACHE_TTL, DEFAULT_CACHE_TTL)
         );
         assert_eq!(s.authentication_kubeconfig, None);
+        assert_eq!(
+            (s.client_ca_file, s.skip_lookup, s.tolerate_lookup_failure),
+            (None, false, false),
+            "the cluster lookup is on by default, as upstream"
+        );
+        let s = parse(&[
+            "--client-ca-file=/ca.crt",
+            "--authentication-skip-lookup",
+            "--authentication-tolerate-lookup-failure=true",
+        ])
+        .auth_settings();
+        assert_eq!(
+            (s.client_ca_file, s.skip_lookup, s.tolerate_lookup_failure),
+            (Some("/ca.crt".into()), true, true)
+        );
         let s = parse(&[
             "--authorization-always-allow-paths=/healthz,/metrics*",
             "--authentication-kubeconfig=/a.kc",

@@ -340,6 +340,22 @@ pub mod https {
         Arc::new(config)
     }
 
+    /// Like [`any_cert`], presenting a client certificate (chain and key).
+    pub fn any_cert_with_client_cert(
+        chain: Vec<CertificateDer<'static>>,
+        key: rustls::pki_types::PrivateKeyDer<'static>,
+    ) -> Arc<rustls::ClientConfig> {
+        let provider = provider();
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        Arc::new(config)
+    }
+
     /// A client configuration that trusts only `roots`.
     pub fn trusting(roots: &[CertificateDer<'static>]) -> Arc<rustls::ClientConfig> {
         let mut store = rustls::RootCertStore::empty();
