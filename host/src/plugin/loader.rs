@@ -254,8 +254,9 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
                     let full = e.to_string();
                     tracing::debug!(plugin = %path.display(), "full ABI report:\n{full}");
                     format!(
-                        "its plugin interface does not match this host ({}); {}",
-                        useful_tail(&full),
+                        "its plugin interface does not match this host{}; {}",
+                        root_mismatch(lib_header.layout())
+                            .unwrap_or_else(|| format!(" ({})", useful_tail(&full))),
                         rebuild_advice()
                     )
                 }
@@ -312,11 +313,10 @@ fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Re
         ext::expected_layout(),
         export.layout,
     ) {
-        let full = errors.to_string();
-        tracing::debug!(plugin = %path.display(), "full ABI report of the 1.1 extension:\n{full}");
+        tracing::debug!(plugin = %path.display(), "full ABI report of the 1.1 extension:\n{errors}");
         return Err(format!(
-            "its ABI 1.1 extension does not match this host ({}); {}",
-            useful_tail(&full),
+            "its ABI 1.1 extension does not match this host: {}; {}",
+            describe_mismatch(&errors),
             rebuild_advice()
         ));
     }
@@ -506,6 +506,201 @@ fn first_line(s: &str) -> String {
         .unwrap_or("")
         .trim()
         .to_string()
+}
+
+/// `: <what differs>` about a root module abi_stable refused: its layout (recorded in the
+/// library header) checked again with abi_stable's checker, whose structured errors say the
+/// type, where it is and both sides (its report says the same in 2,000 lines). `None` when the
+/// layout is not recorded or the mismatch is not one of layout (a version number).
+fn root_mismatch(layout: Option<&'static abi_stable::type_layout::TypeLayout>) -> Option<String> {
+    let errors = abi_stable::abi_stability::abi_checking::check_layout_compatibility(
+        <PluginModule_Ref as abi_stable::StableAbi>::LAYOUT,
+        layout?,
+    )
+    .err()?;
+    Some(format!(": {}", describe_mismatch(&errors)))
+}
+
+/// One line about the layout mismatch abi_stable found, from its structured errors: the type,
+/// where it is used (the trait method and argument, or the struct field, that lead to it from
+/// the plugin's module) and what differs on both sides, e.g. `type CallContext (argument ctx of
+/// AbiCloudProvider::initialize): 3 fields in the plugin, 2 in this host`. The deepest error is
+/// the cause; the ones above it only say that a type holding it differs too.
+fn describe_mismatch(
+    errors: &abi_stable::abi_stability::abi_checking::AbiInstabilityErrors,
+) -> String {
+    use abi_stable::type_layout::TLFieldOrFunction;
+    let Some(err) = errors
+        .errors
+        .iter()
+        .filter(|e| !e.errs.is_empty())
+        .max_by_key(|e| e.stack_trace.len())
+    else {
+        return format!("type {} differs", errors.interface.name());
+    };
+    // Walk from the module down to the mismatched type, remembering the last trait object,
+    // method, argument and struct field passed on the way (abi_stable's own wrapper types, the
+    // vtables and references in between, are not worth naming).
+    const WRAPPERS: &[&str] = &[
+        "PrefixRef",
+        "&",
+        "&mut",
+        "RObject",
+        "RResult",
+        "ROption",
+        "RVec",
+        "RSlice",
+        "RBox",
+        "RArc",
+        "RStr",
+        "RString",
+        "NonNull",
+    ];
+    let mut owner = errors.interface.name().to_string();
+    let mut ty = owner.clone();
+    let (mut object, mut method, mut argument, mut field) = (None, None, None, None);
+    for step in err.stack_trace.iter() {
+        // Function steps only repeat the field that holds the function pointer. The parameter
+        // names abi_stable records for trait methods are generated (`param_0`, ...), so an
+        // argument is named by its method only.
+        if let TLFieldOrFunction::Field(f) = &step.expected {
+            let name = f.name();
+            if let Some(trait_name) = owner.strip_suffix("_TO") {
+                object = Some(trait_name.to_string());
+                (method, argument, field) = (None, None, None);
+            } else if owner == "VTable" {
+                method = Some(name.to_string());
+                (argument, field) = (None, None);
+            } else if owner == "AFunctionPointer" {
+                argument = Some(if name == "__returns" {
+                    "the return value"
+                } else {
+                    "an argument"
+                });
+                field = None;
+            } else if !WRAPPERS.contains(&owner.as_str()) {
+                field = Some(format!("field {owner}.{name}"));
+            }
+            owner = f.layout().name().to_string();
+            ty = owner.clone();
+        }
+    }
+    let mut place: Vec<String> = Vec::new();
+    place.extend(field);
+    match (object, method) {
+        (Some(o), Some(m)) => {
+            let call = format!("{o}::{m}");
+            place.push(match argument {
+                Some(a) => format!("{a} of {call}"),
+                None => call,
+            });
+        }
+        (Some(o), None) => place.push(format!("in {o}")),
+        _ => {}
+    }
+    if place.is_empty() && err.stack_trace.len() <= 1 {
+        place.push("the plugin's root module".to_string());
+    }
+    let at = if place.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", place.join(", "))
+    };
+    // The differences in the type itself first; its size and alignment only when nothing else
+    // explains them.
+    let mut what: Vec<(u8, String)> = err.errs.iter().filter_map(instability).collect();
+    if what.iter().any(|(rank, _)| *rank == 0) {
+        what.retain(|(rank, _)| *rank == 0);
+    }
+    let what: Vec<String> = what.into_iter().map(|(_, w)| w).collect();
+    let what = if what.is_empty() {
+        "its layout differs".to_string()
+    } else {
+        what.join(", ")
+    };
+    format!("type {ty}{at}: {what}")
+}
+
+/// One difference, "plugin side, host side" (abi_stable's `expected` is this host's layout,
+/// `found` the plugin's), ranked: 0 for what the type is made of, 1 for its size and alignment,
+/// which follow from that.
+fn instability(
+    i: &abi_stable::abi_stability::abi_checking::AbiInstability,
+) -> Option<(u8, String)> {
+    use abi_stable::abi_stability::abi_checking::AbiInstability as AI;
+    let both = |what: &str, plugin: String, host: String| {
+        format!("{what} {plugin} in the plugin, {host} in this host")
+    };
+    let text = match i {
+        AI::FieldCountMismatch(v) => format!(
+            "{} fields in the plugin, {} in this host",
+            v.found, v.expected
+        ),
+        AI::MismatchedPrefixSize(v) => format!(
+            "{} fields before the optional ones in the plugin, {} in this host",
+            v.found, v.expected
+        ),
+        AI::Name(v) => both("type", v.found.to_string(), v.expected.to_string()),
+        AI::UnexpectedField(v) => both(
+            "field",
+            format!("{}: {}", v.found.name(), v.found.full_type()),
+            format!("{}: {}", v.expected.name(), v.expected.full_type()),
+        ),
+        AI::Package(v) => both("package", v.found.to_string(), v.expected.to_string()),
+        AI::PackageVersion(v) => both(
+            "package version",
+            v.found.to_string(),
+            v.expected.to_string(),
+        ),
+        AI::NonZeroness(v) => both("non-zero", v.found.to_string(), v.expected.to_string()),
+        AI::GenericParamCount(v) => both(
+            "generic parameters",
+            v.found.to_string(),
+            v.expected.to_string(),
+        ),
+        AI::TLDataDiscriminant(v) => both(
+            "kind",
+            format!("{:?}", v.found),
+            format!("{:?}", v.expected),
+        ),
+        AI::MismatchedPrimitive(v) => both(
+            "primitive",
+            format!("{:?}", v.found),
+            format!("{:?}", v.expected),
+        ),
+        AI::TooManyVariants(v) => format!(
+            "{} variants in the plugin, {} in this host",
+            v.found, v.expected
+        ),
+        AI::UnexpectedVariant(v) => both("variant", v.found.to_string(), v.expected.to_string()),
+        AI::ReprAttr(v) => both(
+            "repr",
+            format!("{:?}", v.found),
+            format!("{:?}", v.expected),
+        ),
+        AI::FnQualifierMismatch(_) => "function qualifiers (unsafe, ...) differ".to_string(),
+        AI::FnLifetimeMismatch(_) | AI::FieldLifetimeMismatch(_) => {
+            "the lifetimes it references differ".to_string()
+        }
+        AI::Size(v) => {
+            return Some((
+                1,
+                both(
+                    "size",
+                    format!("{} bytes", v.found),
+                    format!("{} bytes", v.expected),
+                ),
+            ))
+        }
+        AI::Alignment(v) => {
+            return Some((
+                1,
+                both("alignment", v.found.to_string(), v.expected.to_string()),
+            ))
+        }
+        _ => return None,
+    };
+    Some((0, text))
 }
 
 /// abi_stable's layout report is ~2,000 lines; the last meaningful lines name the mismatch
