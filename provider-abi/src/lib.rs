@@ -1,6 +1,7 @@
 //! # ccm-provider-abi
 //!
-//! The ABI-stable cloud provider interface of [ccm-host](../ccm_host/index.html) and the SDK a
+//! The ABI-stable cloud provider interface of ccm-host (a Kubernetes cloud-controller-manager
+//! that loads its cloud providers as plugins) and the SDK a
 //! vendor uses to write a provider plugin: the Rust equivalent of upstream Kubernetes'
 //! `k8s.io/cloud-provider` `cloudprovider.Interface` plus `RegisterCloudProvider`.
 //!
@@ -41,6 +42,10 @@
 //! [`export_plugin!`] exports both the root module and every extension module of this version,
 //! so a plugin built against 1.1 loads in a 1.0 host (as a 1.0 plugin) and in a 1.1 host (with
 //! its 1.1 additions).
+
+// Every public item of the SDK is documented (also set in Cargo.toml, stated here so that a
+// copy of the sources keeps it).
+#![deny(missing_docs)]
 
 // abi_stable's derives (StableAbi, sabi_trait) generate `unsafe impl`s, unsafe blocks, impls
 // inside functions and `*_Ref` type names in the modules that use them; the rest of the crate
