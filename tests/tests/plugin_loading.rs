@@ -199,7 +199,11 @@ fn a_symlink_swapped_during_loading_never_loads_the_refused_target() {
             let tmp = dir.join("swap.tmp");
             let mut swaps = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let target = if swaps.is_multiple_of(2) { &evil } else { &good };
+                let target = if swaps.is_multiple_of(2) {
+                    &evil
+                } else {
+                    &good
+                };
                 let _ = std::fs::remove_file(&tmp);
                 std::os::unix::fs::symlink(target, &tmp).unwrap();
                 std::fs::rename(&tmp, &link).unwrap();
@@ -458,8 +462,12 @@ async fn a_thousand_hung_calls_stay_bounded_and_another_provider_keeps_working()
         call_timeout: Duration::from_millis(300),
         ..ProviderOptions::default()
     };
-    let hung = registry.create("hung", None, &options).expect("hung builds");
-    let fake = registry.create("fake", None, &options).expect("fake builds");
+    let hung = registry
+        .create("hung", None, &options)
+        .expect("hung builds");
+    let fake = registry
+        .create("fake", None, &options)
+        .expect("fake builds");
     let before = process_threads();
     let calls = (0..1000).map(|i| {
         let hung = hung.clone();
@@ -486,7 +494,9 @@ async fn a_thousand_hung_calls_stay_bounded_and_another_provider_keeps_working()
         threads <= before + MAX_WORKERS + HUNG_CAP,
         "{before} -> {threads} threads"
     );
-    let unhealthy = hung.call_health().expect_err("the hung provider is unhealthy");
+    let unhealthy = hung
+        .call_health()
+        .expect_err("the hung provider is unhealthy");
     assert!(unhealthy.contains("provider hung"), "{unhealthy}");
     // Refused at once from now on (before it reaches the pool, so not a deadline error).
     let e = hung.instance_metadata(&node("late")).await.unwrap_err();
