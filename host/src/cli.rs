@@ -35,6 +35,9 @@ pub enum Command {
     Sandbox(Box<crate::sandbox::SandboxArgs>),
     /// Conformance kit for provider authors: run a scripted suite against one provider.
     Check(Box<crate::check::CheckArgs>),
+    /// Write a new provider plugin crate: the SDK dependency, the chosen capabilities, a sample
+    /// cloud config, tests without the host, a Dockerfile and a CI script running `check`.
+    NewProvider(Box<crate::scaffold::NewProviderArgs>),
 }
 
 /// Log output format.

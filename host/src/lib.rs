@@ -21,5 +21,6 @@ pub mod plugin;
 pub mod provider;
 pub mod rate_limit;
 pub mod sandbox;
+pub mod scaffold;
 pub mod well_known;
 pub mod workqueue;

@@ -140,6 +140,7 @@ fn main() -> ExitCode {
         }
         Command::Sandbox(args) => run_to_end(ccm_host::sandbox::main(*args, max_level)),
         Command::Check(args) => run_to_end(ccm_host::check::main(*args, max_level)),
+        Command::NewProvider(args) => ccm_host::scaffold::main(&args),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
