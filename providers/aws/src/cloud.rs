@@ -23,10 +23,9 @@ const REGION_LOOKUP: Duration = Duration::from_secs(15);
 /// At most one listing of the cluster's Nodes per this interval (instance → node name).
 const NODE_LIST_INTERVAL: Duration = Duration::from_secs(60);
 
-/// What every part of one provider instance shares.
+/// What every part of one provider instance shares (the tasks on the runtime hold it; the
+/// runtime itself is held next to it, by the parts, so that a task never drops it).
 pub struct AwsContext {
-    /// The provider's runtime (created once, with the provider).
-    pub rt: AwsRuntime,
     /// The EC2 / ELBv2 client.
     pub api: AwsClient,
     /// The cloud config.
@@ -93,7 +92,12 @@ impl AwsContext {
     /// earlier calls, else the cluster's Nodes by provider ID (through the host's Kubernetes
     /// access, at most once a minute), else the instance's private DNS name (EC2's default
     /// node name). Instances that resolve to nothing are left out.
-    pub fn node_names(&self, ctx: &CallContext, ids: &[String]) -> Result<HashMap<String, String>> {
+    pub fn node_names(
+        self: &Arc<Self>,
+        rt: &AwsRuntime,
+        ctx: &CallContext,
+        ids: &[String],
+    ) -> Result<HashMap<String, String>> {
         let mut out = HashMap::new();
         let mut missing = Vec::new();
         for id in ids {
@@ -117,8 +121,9 @@ impl AwsContext {
             });
         }
         if !missing.is_empty() {
-            let found = self.rt.run(ctx, async {
-                Ok(self
+            let cx = self.clone();
+            let found = rt.run(ctx, async move {
+                Ok(cx
                     .api
                     .describe_instances(&[("instance-id", &missing[..])])
                     .await?)
@@ -210,6 +215,7 @@ impl AwsContext {
 /// The provider object.
 pub struct AwsCloud {
     cx: Arc<AwsContext>,
+    rt: Arc<AwsRuntime>,
     instances: Arc<AwsInstances>,
     load_balancer: Arc<AwsLoadBalancer>,
     routes: Arc<AwsRoutes>,
@@ -249,12 +255,15 @@ impl AwsCloud {
         let region = match config.configured_region() {
             Some(r) => r,
             None => rt
-                .run_for(REGION_LOOKUP, async {
+                .run_for(REGION_LOOKUP, {
+                    let profile = config.profile.clone();
+                    async move {
                     let mut chain = aws_config::default_provider::region::DefaultRegionChain::builder();
-                    if let Some(p) = &config.profile {
+                    if let Some(p) = &profile {
                         chain = chain.profile_name(p);
                     }
                     Ok(chain.build().region().await.map(|r| r.to_string()))
+                    }
                 })
                 .ok()
                 .flatten()
@@ -291,8 +300,8 @@ impl AwsCloud {
             let _guard = rt.handle().enter();
             AwsClient::new(credentials, ec2, elbv2)
         };
+        let rt = Arc::new(rt);
         let cx = Arc::new(AwsContext {
-            rt,
             api,
             cluster_id: config.cluster_id.clone(),
             config,
@@ -304,10 +313,11 @@ impl AwsCloud {
             health: Mutex::new(None),
         });
         Ok(Self {
-            instances: Arc::new(AwsInstances::new(cx.clone())),
-            load_balancer: Arc::new(AwsLoadBalancer::new(cx.clone())),
-            routes: Arc::new(AwsRoutes::new(cx.clone())),
+            instances: Arc::new(AwsInstances::new(cx.clone(), rt.clone())),
+            load_balancer: Arc::new(AwsLoadBalancer::new(cx.clone(), rt.clone())),
+            routes: Arc::new(AwsRoutes::new(cx.clone(), rt.clone())),
             cx,
+            rt,
         })
     }
 
@@ -359,9 +369,9 @@ impl CloudProvider for AwsCloud {
                 return r.clone();
             }
         }
-        let r = self.cx.rt.run(ctx, async {
-            self.cx
-                .api
+        let cx = self.cx.clone();
+        let r = self.rt.run(ctx, async move {
+            cx.api
                 .describe_availability_zones()
                 .await
                 .map(drop)

@@ -290,17 +290,21 @@ mod tests {
             ..Default::default()
         };
         let http = crate::api::sdk_http_client();
-        let src = CredentialSource::new(settings, http);
+        let src = std::sync::Arc::new(CredentialSource::new(settings, http));
         let timeout = Duration::from_secs(20);
-        let c = rt.run_for(timeout, src.get()).unwrap();
+        let get = || {
+            let src = src.clone();
+            rt.run_for(timeout, async move { src.get().await }).unwrap()
+        };
+        let c = get();
         assert_eq!(c.access_key_id(), "AKIDFIRST");
         // Cached while unchanged.
-        let c = rt.run_for(timeout, src.get()).unwrap();
+        let c = get();
         assert_eq!(c.access_key_id(), "AKIDFIRST");
         // Same length, new content: the mtime changes (sleep past coarse timestamps).
         std::thread::sleep(Duration::from_millis(20));
         profile(dir.path(), "AKIDSECND");
-        let c = rt.run_for(timeout, src.get()).unwrap();
+        let c = get();
         assert_eq!(c.access_key_id(), "AKIDSECND");
     }
 }

@@ -23,6 +23,7 @@ use futures::future::try_join_all;
 use crate::api::ec2::{Instance, FILTER_VALUES_PER_CALL};
 use crate::cloud::AwsContext;
 use crate::config::IpFamily;
+use crate::runtime::AwsRuntime;
 use crate::tags;
 
 /// The label the AWS CCM sets to the zone's ID (`use1-az6`).
@@ -154,12 +155,22 @@ pub fn provider_id_of(instance: &Instance) -> String {
 /// The InstancesV2 and BulkInstances of the provider.
 pub struct AwsInstances {
     cx: Arc<AwsContext>,
+    rt: Arc<AwsRuntime>,
 }
 
 impl AwsInstances {
-    /// Instances over the provider's context.
-    pub fn new(cx: Arc<AwsContext>) -> Self {
-        Self { cx }
+    /// Instances over the provider's context and runtime.
+    pub fn new(cx: Arc<AwsContext>, rt: Arc<AwsRuntime>) -> Self {
+        Self { cx, rt }
+    }
+
+    /// The instance behind `key` (terminated ones included).
+    fn find(&self, ctx: &CallContext, key: &Key) -> Result<Option<Instance>> {
+        let cx = self.cx.clone();
+        let k = key.clone();
+        self.rt.run(ctx, async move {
+            Ok(cx.lookup(std::slice::from_ref(&k)).await?.remove(&k))
+        })
     }
 }
 
@@ -290,11 +301,8 @@ fn alive(found: Option<&Instance>) -> Option<&Instance> {
 impl InstancesV2 for AwsInstances {
     fn instance_exists(&self, ctx: &CallContext, node: &Node) -> Result<bool> {
         let key = key_of(node)?;
-        let found = self
-            .cx
-            .rt
-            .run(ctx, self.cx.lookup(std::slice::from_ref(&key)))?;
-        match (&key, alive(found.get(&key))) {
+        let found = self.find(ctx, &key)?;
+        match (&key, alive(found.as_ref())) {
             (_, Some(_)) => Ok(true),
             // Only an instance ID is evidence: a name that matches nothing may be a name
             // this provider cannot map (as the AWS CCM, an error, never a deletion).
@@ -305,11 +313,8 @@ impl InstancesV2 for AwsInstances {
 
     fn instance_shutdown(&self, ctx: &CallContext, node: &Node) -> Result<bool> {
         let key = key_of(node)?;
-        let found = self
-            .cx
-            .rt
-            .run(ctx, self.cx.lookup(std::slice::from_ref(&key)))?;
-        match alive(found.get(&key)) {
+        let found = self.find(ctx, &key)?;
+        match alive(found.as_ref()) {
             Some(i) => Ok(i.state == "stopped"),
             None => Err(not_found(node, &key)),
         }
@@ -321,11 +326,12 @@ impl InstancesV2 for AwsInstances {
         node: &Node,
     ) -> Result<Option<InstanceMetadata>> {
         let key = key_of(node)?;
-        self.cx.rt.run(ctx, async {
-            let found = self.cx.lookup(std::slice::from_ref(&key)).await?;
+        let (cx, node) = (self.cx.clone(), node.clone());
+        self.rt.run(ctx, async move {
+            let found = cx.lookup(std::slice::from_ref(&key)).await?;
             match alive(found.get(&key)) {
-                Some(i) => Ok(Some(self.cx.metadata(node, i).await?)),
-                None => Err(not_found(node, &key)),
+                Some(i) => Ok(Some(cx.metadata(&node, i).await?)),
+                None => Err(not_found(&node, &key)),
             }
         })
     }
@@ -343,8 +349,9 @@ impl BulkInstances for AwsInstances {
             .iter()
             .filter_map(|k| k.as_ref().ok().cloned())
             .collect();
-        self.cx.rt.run(ctx, async {
-            let found = self.cx.lookup(&valid).await?;
+        let (cx, nodes) = (self.cx.clone(), nodes.to_vec());
+        self.rt.run(ctx, async move {
+            let found = cx.lookup(&valid).await?;
             let mut out = Vec::with_capacity(nodes.len());
             for (node, key) in nodes.iter().zip(keys) {
                 let key = match key {
@@ -363,7 +370,7 @@ impl BulkInstances for AwsInstances {
                     (None, Key::Name(_)) => Err(not_found(node, &key)),
                     (Some(i), _) => {
                         let metadata = if query.contains(InstanceQuery::METADATA) {
-                            match self.cx.metadata(node, i).await {
+                            match cx.metadata(node, i).await {
                                 Ok(m) => Some(m),
                                 Err(e) => {
                                     out.push(Err(e));

@@ -34,10 +34,17 @@ use crate::api::elbv2::{
 };
 use crate::cloud::AwsContext;
 use crate::instances::{key_of, Key};
+use crate::runtime::AwsRuntime;
 use crate::tags;
 
 /// The `aws` LoadBalancer.
 pub struct AwsLoadBalancer {
+    inner: Arc<Nlbs>,
+    rt: Arc<AwsRuntime>,
+}
+
+/// The work of [`AwsLoadBalancer`], shared with the tasks it runs on the provider's runtime.
+struct Nlbs {
     cx: Arc<AwsContext>,
     vpc: Mutex<Option<String>>,
 }
@@ -106,14 +113,37 @@ fn not_owned(name: &str, service: &str, cluster_id: &str) -> ProviderError {
 }
 
 impl AwsLoadBalancer {
-    /// The load balancer over the provider's context.
-    pub fn new(cx: Arc<AwsContext>) -> Self {
+    /// The load balancer over the provider's context and runtime.
+    pub fn new(cx: Arc<AwsContext>, rt: Arc<AwsRuntime>) -> Self {
         Self {
-            cx,
-            vpc: Mutex::new(None),
+            inner: Arc::new(Nlbs {
+                cx,
+                vpc: Mutex::new(None),
+            }),
+            rt,
         }
     }
 
+    /// Run `f(work, service, nodes)` on the runtime with owned copies of the arguments.
+    fn run<T, F, Fut>(
+        &self,
+        ctx: &CallContext,
+        service: &Service,
+        nodes: &[Node],
+        f: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Nlbs>, Service, Vec<Node>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        let (inner, service, nodes) = (self.inner.clone(), service.clone(), nodes.to_vec());
+        self.rt
+            .run(ctx, async move { f(inner, service, nodes).await })
+    }
+}
+
+impl Nlbs {
     /// The NLB named `name`, if it exists and is this Service's; an error if it exists and is
     /// not.
     async fn owned(&self, name: &str, cluster_id: &str, service: &str) -> Result<Option<Nlb>> {
@@ -774,8 +804,8 @@ impl LoadBalancer for AwsLoadBalancer {
             return Ok(None);
         }
         let name = annotations::load_balancer_name(service);
-        self.cx.rt.run(ctx, async {
-            Ok(self
+        self.run(ctx, service, &[], |lb, _, _| async move {
+            Ok(lb
                 .cx
                 .api
                 .describe_load_balancer(&name)
@@ -803,10 +833,11 @@ impl LoadBalancer for AwsLoadBalancer {
         if annotations::handling(service)? == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
-        self.cx
-            .rt
-            .run(ctx, self.ensure(cluster_name, service, nodes))
-            .map(Some)
+        let cluster = cluster_name.to_string();
+        self.run(ctx, service, nodes, |lb, svc, nodes| async move {
+            lb.ensure(&cluster, &svc, &nodes).await
+        })
+        .map(Some)
     }
 
     fn update_load_balancer(
@@ -819,9 +850,10 @@ impl LoadBalancer for AwsLoadBalancer {
         if annotations::handling(service)? == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
-        self.cx
-            .rt
-            .run(ctx, self.update(cluster_name, service, nodes))
+        let cluster = cluster_name.to_string();
+        self.run(ctx, service, nodes, |lb, svc, nodes| async move {
+            lb.update(&cluster, &svc, &nodes).await
+        })
     }
 
     fn ensure_load_balancer_deleted(
@@ -833,7 +865,10 @@ impl LoadBalancer for AwsLoadBalancer {
         if matches!(annotations::handling(service), Ok(Handling::Elsewhere)) {
             return Ok(());
         }
-        self.cx.rt.run(ctx, self.delete(cluster_name, service))
+        let cluster = cluster_name.to_string();
+        self.run(ctx, service, &[], |lb, svc, _| async move {
+            lb.delete(&cluster, &svc).await
+        })
     }
 
     fn load_balancer_hosts(
@@ -842,10 +877,14 @@ impl LoadBalancer for AwsLoadBalancer {
         cluster_name: &str,
         service: &Service,
     ) -> Result<Option<Vec<String>>> {
-        let Some(ids) = self.cx.rt.run(ctx, self.hosts(cluster_name, service))? else {
+        let cluster = cluster_name.to_string();
+        let Some(ids) = self.run(ctx, service, &[], |lb, svc, _| async move {
+            lb.hosts(&cluster, &svc).await
+        })?
+        else {
             return Ok(None);
         };
-        let names = self.cx.node_names(ctx, &ids)?;
+        let names = self.inner.cx.node_names(&self.rt, ctx, &ids)?;
         let mut out: Vec<String> = ids
             .iter()
             .map(|id| names.get(id).cloned().unwrap_or_else(|| id.clone()))

@@ -31,6 +31,7 @@ use ccm_provider_abi::sdk::Result;
 use crate::api::ec2::{RouteEntry, RouteTable};
 use crate::cloud::AwsContext;
 use crate::instances::{key_of, Key};
+use crate::runtime::AwsRuntime;
 use crate::tags;
 
 /// How old a snapshot of the route tables `CreateRoute` and `DeleteRoute` may use. The route
@@ -49,6 +50,12 @@ struct Snapshot {
 
 /// The `aws` Routes.
 pub struct AwsRoutes {
+    work: Arc<RouteWork>,
+    rt: Arc<AwsRuntime>,
+}
+
+/// The work of [`AwsRoutes`], shared with the tasks it runs on the provider's runtime.
+struct RouteWork {
     cx: Arc<AwsContext>,
     snapshot: tokio::sync::Mutex<Option<Snapshot>>,
     /// Instances whose source/destination check this provider turned off.
@@ -67,15 +74,20 @@ struct Across {
 }
 
 impl AwsRoutes {
-    /// Routes over the provider's context.
-    pub fn new(cx: Arc<AwsContext>) -> Self {
+    /// Routes over the provider's context and runtime.
+    pub fn new(cx: Arc<AwsContext>, rt: Arc<AwsRuntime>) -> Self {
         Self {
-            cx,
-            snapshot: tokio::sync::Mutex::new(None),
-            unchecked: Mutex::new(HashSet::new()),
+            work: Arc::new(RouteWork {
+                cx,
+                snapshot: tokio::sync::Mutex::new(None),
+                unchecked: Mutex::new(HashSet::new()),
+            }),
+            rt,
         }
     }
+}
 
+impl RouteWork {
     /// The route tables, read again when the snapshot is older than `max_age` (one reader at
     /// a time; concurrent callers share its answer).
     async fn snapshot(&self, cluster_id: &str, max_age: Duration) -> Result<Arc<Vec<RouteTable>>> {
@@ -270,10 +282,13 @@ impl AwsRoutes {
 
 impl Routes for AwsRoutes {
     fn list_routes(&self, ctx: &CallContext, cluster_name: &str) -> Result<Vec<Route>> {
-        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
-        let (tables, by_dest, states) = self.cx.rt.run(ctx, self.collect(&cluster_id))?;
+        let cluster_id = self.work.cx.cluster_id_or(cluster_name).to_string();
+        let w = self.work.clone();
+        let (tables, by_dest, states) = self
+            .rt
+            .run(ctx, async move { w.collect(&cluster_id).await })?;
         let ids: Vec<String> = states.keys().cloned().collect();
-        let names = self.cx.node_names(ctx, &ids)?;
+        let names = self.work.cx.node_names(&self.rt, ctx, &ids)?;
         let mut out = Vec::new();
         for (dest, across) in by_dest {
             let targets: Vec<&Option<String>> = across.entries.iter().map(|(_, i, _)| i).collect();
@@ -306,33 +321,30 @@ impl Routes for AwsRoutes {
         _name_hint: &str,
         route: &Route,
     ) -> Result<()> {
-        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let cluster_id = self.work.cx.cluster_id_or(cluster_name).to_string();
         let dest = route.destination_cidr.clone();
         if dest.parse::<ipnet::IpNet>().is_err() {
             return Err(ProviderError::other(format!(
                 "route destination {dest:?} is not a CIDR"
             )));
         }
-        let known = self.cx.instance_of_node(ctx, &route.target_node);
-        self.cx.rt.run(ctx, async {
+        let known = self.work.cx.instance_of_node(ctx, &route.target_node);
+        let (w, target) = (self.work.clone(), route.target_node.clone());
+        self.rt.run(ctx, async move {
             let instance = match known {
                 Some(id) => id,
-                None => self.instance_for(&route.target_node).await?,
+                None => w.instance_for(&target).await?,
             };
-            self.cx.remember_node(&instance, &route.target_node);
-            let done = self
-                .unchecked
-                .lock()
-                .expect("unchecked")
-                .contains(&instance);
+            w.cx.remember_node(&instance, &target);
+            let done = w.unchecked.lock().expect("unchecked").contains(&instance);
             if !done {
-                self.cx.api.set_source_dest_check(&instance, false).await?;
-                self.unchecked
+                w.cx.api.set_source_dest_check(&instance, false).await?;
+                w.unchecked
                     .lock()
                     .expect("unchecked")
                     .insert(instance.clone());
             }
-            match self
+            match w
                 .add_everywhere(&cluster_id, &dest, &instance, SNAPSHOT_MAX_AGE)
                 .await?
             {
@@ -340,8 +352,8 @@ impl Routes for AwsRoutes {
                 // The snapshot was stale (someone else added the route): read the tables again
                 // and decide once more.
                 Err(_) => {
-                    self.forget_snapshot().await;
-                    match self
+                    w.forget_snapshot().await;
+                    match w
                         .add_everywhere(&cluster_id, &dest, &instance, Duration::ZERO)
                         .await?
                     {
@@ -357,10 +369,11 @@ impl Routes for AwsRoutes {
     }
 
     fn delete_route(&self, ctx: &CallContext, cluster_name: &str, route: &Route) -> Result<()> {
-        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let cluster_id = self.work.cx.cluster_id_or(cluster_name).to_string();
         let dest = route.destination_cidr.clone();
-        self.cx.rt.run(ctx, async {
-            for table in self.snapshot(&cluster_id, SNAPSHOT_MAX_AGE).await?.iter() {
+        let w = self.work.clone();
+        self.rt.run(ctx, async move {
+            for table in w.snapshot(&cluster_id, SNAPSHOT_MAX_AGE).await?.iter() {
                 let Some(r) = table.routes.iter().find(|r| r.destination == dest) else {
                     continue;
                 };
@@ -368,10 +381,10 @@ impl Routes for AwsRoutes {
                 if r.instance_id.is_none() && r.state != "blackhole" {
                     continue;
                 }
-                match self.cx.api.delete_route(&table.id, &dest, r.ipv6).await {
-                    Ok(()) => self.note(&table.id, &dest, None).await,
+                match w.cx.api.delete_route(&table.id, &dest, r.ipv6).await {
+                    Ok(()) => w.note(&table.id, &dest, None).await,
                     Err(e) if e.code() == "InvalidRoute.NotFound" => {
-                        self.note(&table.id, &dest, None).await
+                        w.note(&table.id, &dest, None).await
                     }
                     Err(e) => return Err(e.into()),
                 }
