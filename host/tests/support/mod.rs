@@ -25,7 +25,17 @@ pub fn plugin_dir(dir: &Path) -> PathBuf {
         .expect("libccm_provider_fake.so built by cargo");
     let plugins = dir.join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(so, plugins.join("libccm_provider_fake.so")).unwrap();
+    // Write a new file and rename it into place, never overwrite in place: a replica started
+    // earlier from the same directory may be loading (or have mapped) the current file, and a
+    // copy truncates it under that replica (a standby once read a truncated library).
+    static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = plugins.join(format!(
+        ".libccm_provider_fake.so.{}.{n}",
+        std::process::id()
+    ));
+    std::fs::copy(so, &tmp).unwrap();
+    std::fs::rename(&tmp, plugins.join("libccm_provider_fake.so")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
     plugins
