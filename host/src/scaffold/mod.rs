@@ -145,13 +145,15 @@ fn sdk_dependency(args: &NewProviderArgs) -> Result<(String, Option<PathBuf>), S
         }
         match field("version").as_deref().and_then(major_minor) {
             Some((major, _)) if major == host_major => {}
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "--sdk-path {}: ccm-provider-abi {} there; this host loads {host_major}.x plugins",
                 path.display(),
                 other.map_or("of unknown version".to_string(), |(a, b)| format!(
                     "{a}.{b}"
                 ))
-            )),
+            ))
+            }
         }
         let shown = dir.display().to_string();
         return Ok((format!("{{ path = {} }}", toml_string(&shown)), Some(dir)));
