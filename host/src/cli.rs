@@ -465,6 +465,13 @@ pub struct PluginsArgs {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+    /// Cloud config file handed to the providers' factories (as `run --cloud-config`), so that
+    /// the capabilities of a provider that needs a config can be shown.
+    #[arg(long, value_name = "FILE")]
+    pub cloud_config: Option<PathBuf>,
+    /// With --cloud-config: hand it to this provider only (the others are built without one).
+    #[arg(long, value_name = "NAME", requires = "cloud_config")]
+    pub cloud_provider: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -490,6 +497,8 @@ struct ProviderEntry {
     name: String,
     provider_name: Option<String>,
     capabilities: Option<Capabilities>,
+    /// Whether the factory got the --cloud-config.
+    with_cloud_config: bool,
     /// Why the capabilities are unknown (the factory needs a cloud config, or failed).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -507,7 +516,29 @@ pub fn plugins(args: &PluginsArgs, max_log_level: u8, out: &mut dyn Write) -> an
             return Ok(2);
         }
     };
-    // Capabilities are only known once a provider exists: build each with no cloud config.
+    // Capabilities are only known once a provider exists: build each, with --cloud-config when
+    // given (to --cloud-provider's only, when named).
+    let config = match &args.cloud_config {
+        None => None,
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                eprintln!("error: --cloud-config {}: {e}", path.display());
+                return Ok(2);
+            }
+        },
+    };
+    if let Some(name) = &args.cloud_provider {
+        if registry.get(name).is_none() {
+            eprintln!("error: --cloud-provider {name:?}: no plugin in the directory registered it");
+            return Ok(2);
+        }
+    }
+    let config_for = |name: &str| {
+        config
+            .as_deref()
+            .filter(|_| args.cloud_provider.as_deref().is_none_or(|p| p == name))
+    };
     let options = ProviderOptions {
         call_timeout: Duration::from_secs(10),
         ..ProviderOptions::default()
@@ -524,19 +555,25 @@ pub fn plugins(args: &PluginsArgs, max_log_level: u8, out: &mut dyn Write) -> an
                 providers: p
                     .providers
                     .iter()
-                    .map(|name| match registry.create(name, None, &options) {
-                        Ok(provider) => ProviderEntry {
-                            name: name.clone(),
-                            provider_name: Some(provider.provider_name().to_string()),
-                            capabilities: Some(provider.capabilities()),
-                            error: None,
-                        },
-                        Err(e) => ProviderEntry {
-                            name: name.clone(),
-                            provider_name: None,
-                            capabilities: None,
-                            error: Some(e.to_string()),
-                        },
+                    .map(|name| {
+                        let config = config_for(name);
+                        let with_cloud_config = config.is_some();
+                        match registry.create(name, config, &options) {
+                            Ok(provider) => ProviderEntry {
+                                name: name.clone(),
+                                provider_name: Some(provider.provider_name().to_string()),
+                                capabilities: Some(provider.capabilities()),
+                                with_cloud_config,
+                                error: None,
+                            },
+                            Err(e) => ProviderEntry {
+                                name: name.clone(),
+                                provider_name: None,
+                                capabilities: None,
+                                with_cloud_config,
+                                error: Some(e.to_string()),
+                            },
+                        }
                     })
                     .collect(),
             })
@@ -577,8 +614,13 @@ fn write_text(listing: &PluginListing, out: &mut dyn Write) -> std::io::Result<(
                 )?,
                 (None, err) => writeln!(
                     out,
-                    "  provider {:<12} capabilities unknown without a cloud config: {}",
+                    "  provider {:<12} capabilities unknown {}: {}",
                     prov.name,
+                    if prov.with_cloud_config {
+                        "(its factory refused --cloud-config)"
+                    } else {
+                        "without a cloud config (give one with --cloud-config)"
+                    },
                     err.as_deref().unwrap_or("")
                 )?,
             }

@@ -1,6 +1,7 @@
 //! `ccm-host check` as a real process on the metal provider: with an inventory that knows the
 //! check nodes (one of them shut down, one dual-stack) and a small pool, every check passes
-//! except the route checks (metal offers no Routes) and the host read-back (it has none).
+//! except the route checks (metal offers no Routes) and the host read-back (it has none); and
+//! `ccm-host plugins --cloud-config` shows what metal offers (it needs a config to say).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -116,4 +117,56 @@ fn metal_passes_every_check_but_the_route_ones() {
         "{checks:#?}"
     );
     assert!(checks["lb-ensure"].1.contains("192.0.2.1"), "{checks:#?}");
+}
+
+#[test]
+fn plugins_shows_the_capabilities_of_a_provider_that_needs_a_cloud_config() {
+    // metal's factory refuses to build without a config: `plugins` can only show what it offers
+    // when given one (--cloud-config, here to metal only with --cloud-provider).
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cloud.yaml");
+    std::fs::write(
+        &config,
+        "loadBalancer:\n  pools:\n    - {name: public, addresses: [192.0.2.0/28]}\n",
+    )
+    .unwrap();
+    let plugins = plugin_dir(dir.path());
+    let listing = |extra: &[&str]| -> Value {
+        let out = Command::new(BIN)
+            .args(["plugins", "-o", "json", "--plugin-dir"])
+            .arg(&plugins)
+            .args(extra)
+            .output()
+            .expect("ccm-host runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["plugins"][0]["providers"][0].clone()
+    };
+    let without = listing(&[]);
+    assert_eq!(without["capabilities"], Value::Null, "{without:#}");
+    assert_eq!(without["withCloudConfig"], false);
+    assert!(without["error"]
+        .as_str()
+        .unwrap()
+        .contains("the metal provider needs a --cloud-config"));
+    let config = config.display().to_string();
+    let with = listing(&["--cloud-config", &config, "--cloud-provider", "metal"]);
+    assert_eq!(with["withCloudConfig"], true, "{with:#}");
+    assert_eq!(with["providerName"], "metal");
+    assert_eq!(with["capabilities"]["loadBalancer"], true, "{with:#}");
+    assert_eq!(with["capabilities"]["routes"], false);
+    // A provider name no plugin registered is a usage error.
+    let out = Command::new(BIN)
+        .args(["plugins", "--plugin-dir"])
+        .arg(&plugins)
+        .args(["--cloud-config", &config, "--cloud-provider", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("error: --cloud-provider \"nope\": no plugin in the directory registered it"));
 }

@@ -1123,3 +1123,74 @@ fn the_secure_port_delegates_to_the_sandboxs_api_server() {
     let (status, _, stderr) = running.finish();
     assert!(status.code().is_some(), "{}", stderr.join("\n"));
 }
+
+/// A plugin directory with the broken-provider fixture (its `ok-slow` provider is correct and
+/// keeps its cloud in memory), as cargo built it for this test run.
+fn broken_fixture_dir(dir: &Path) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libccm_fixture_broken.so"))
+        .find(|p| p.is_file())
+        .expect("libccm_fixture_broken.so built by cargo");
+    let plugins = dir.join("broken-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(so, plugins.join("libccm_fixture_broken.so")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+    plugins
+}
+
+#[test]
+fn the_cloud_view_is_the_controllers_provider_and_a_string_cloud_config_is_verbatim() {
+    // ok-slow's cloud config is a list of node names, one per line: neither YAML nor JSON, so
+    // the scenario gives it as a string, handed over verbatim. Its load balancers and routes
+    // live in the provider instance's memory: the summary's cloud view must come from the
+    // instance the controllers used (another instance would hold none).
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(
+        &scenario,
+        "nodes:\n  - {name: ccm-check-1}\n  - {name: ccm-check-2}\n\
+         services:\n  - {name: web, ports: [{port: 80}]}\n  - {name: api, ports: [{port: 80}]}\n\
+         cloudConfig: |\n  ccm-check-1\n  ccm-check-2\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("sandbox")
+        .arg("--plugin-dir")
+        .arg(broken_fixture_dir(dir.path()))
+        .args(["--cloud-provider", "ok-slow", "--scenario"])
+        .arg(&scenario)
+        .args(["--progress", "lines", "--timeout", "60s", "-o", "json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("ccm-host runs");
+    let report = json_report(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{report:#}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cloud = &report["cloud"];
+    assert_eq!(
+        cloud["source"],
+        "provider calls to ok-slow (GetLoadBalancer, ListRoutes)"
+    );
+    let services: Vec<&str> = cloud["loadBalancers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|lb| lb["service"].as_str().unwrap())
+        .collect();
+    assert_eq!(services, ["default/api", "default/web"], "{cloud:#}");
+    let routed: Vec<&str> = cloud["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["targetNode"].as_str().unwrap())
+        .collect();
+    assert_eq!(routed, ["ccm-check-1", "ccm-check-2"], "{cloud:#}");
+}

@@ -58,6 +58,27 @@ pub async fn run(args: RunArgs, max_log_level: u8) -> i32 {
 /// the lease, return 0), or until the lease is lost or start-up fails. Embedders such as
 /// `ccm-host sandbox` use this to run the real daemon in-process.
 pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationToken) -> i32 {
+    run_embedded(args, max_log_level, shutdown, None).await
+}
+
+/// As [`run_until`], with the provider the embedder built (from the same plugin and cloud config,
+/// with [`provider_options`]): the embedder and the controllers then share that one instance, so
+/// what the embedder asks it (the sandbox's view of the cloud) is what the controllers did.
+pub async fn run_until_with(
+    args: RunArgs,
+    max_log_level: u8,
+    shutdown: CancellationToken,
+    provider: Provider,
+) -> i32 {
+    run_embedded(args, max_log_level, shutdown, Some(provider)).await
+}
+
+async fn run_embedded(
+    args: RunArgs,
+    max_log_level: u8,
+    shutdown: CancellationToken,
+    provider: Option<Provider>,
+) -> i32 {
     let settings = match args.validate() {
         Ok(s) => s,
         Err(errors) => {
@@ -72,7 +93,11 @@ pub async fn run_until(args: RunArgs, max_log_level: u8, shutdown: CancellationT
     }
 
     // Provider factory on every replica, before leader election.
-    let (provider, config_file) = match build_provider(&args, &settings, max_log_level) {
+    let built = match provider {
+        Some(p) => read_cloud_config(&args).map(|config| (p, config)),
+        None => build_provider(&args, &settings, max_log_level),
+    };
+    let (provider, config_file) = match built {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -432,6 +457,32 @@ async fn release(task: JoinHandle<kube_lease_manager::Result<kube_lease_manager:
 }
 
 /// The selected provider, and the `--cloud-config` file it was made from (for hot reload).
+/// The options of the provider call layer for these settings.
+pub fn provider_options(settings: &RunSettings) -> ProviderOptions {
+    ProviderOptions {
+        call_timeout: settings.provider_call_timeout,
+        cloud_api_qps: settings.cloud_api_qps,
+        cloud_api_burst: settings.cloud_api_burst,
+        instance_batch_window: settings.instance_batch_window,
+        instance_batch_size: settings.instance_batch_size,
+    }
+}
+
+/// `--cloud-config`, read (for the factory and the reload watch).
+fn read_cloud_config(args: &RunArgs) -> Result<Option<cloud_config::ConfigFile>, String> {
+    Ok(match &args.cloud_config {
+        Some(path) => {
+            // The file's identity before its bytes: a change in between is seen at the first
+            // look of the reload watch.
+            let stamp = cloud_config::Stamp::of(path).ok();
+            let bytes = std::fs::read(path)
+                .map_err(|e| format!("cannot read --cloud-config {}: {e}", path.display()))?;
+            Some(cloud_config::ConfigFile::new(path, stamp, bytes))
+        }
+        None => None,
+    })
+}
+
 fn build_provider(
     args: &RunArgs,
     settings: &RunSettings,
@@ -442,24 +493,8 @@ fn build_provider(
         &args.plugins.loader_options(max_log_level),
     )
     .map_err(|e| e.to_string())?;
-    let config = match &args.cloud_config {
-        Some(path) => {
-            // The file's identity before its bytes: a change in between is seen at the first
-            // look of the reload watch.
-            let stamp = cloud_config::Stamp::of(path).ok();
-            let bytes = std::fs::read(path)
-                .map_err(|e| format!("cannot read --cloud-config {}: {e}", path.display()))?;
-            Some(cloud_config::ConfigFile::new(path, stamp, bytes))
-        }
-        None => None,
-    };
-    let options = ProviderOptions {
-        call_timeout: settings.provider_call_timeout,
-        cloud_api_qps: settings.cloud_api_qps,
-        cloud_api_burst: settings.cloud_api_burst,
-        instance_batch_window: settings.instance_batch_window,
-        instance_batch_size: settings.instance_batch_size,
-    };
+    let config = read_cloud_config(args)?;
+    let options = provider_options(settings);
     let provider = registry
         .create(
             &args.cloud_provider,

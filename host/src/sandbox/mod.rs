@@ -25,8 +25,6 @@ pub mod scene;
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -43,10 +41,10 @@ use tokio_util::sync::CancellationToken;
 use crate::controllers::service::predicates::ClassPolicy;
 use crate::daemon::{RunArgs, RunSettings};
 use crate::plugin::{LoaderOptions, PluginRegistry};
-use crate::provider::{HostServices, Provider, ProviderOptions};
+use crate::provider::{Provider, ProviderOptions};
 use observe::{Expectations, Observation, Progress};
 use report::{CloudSource, ProviderInfo, ReportInput};
-use scene::{Scenario, Scene};
+use scene::{Scenario, Scene, SceneCloudConfig};
 
 /// Exit code for bad input (flags, scenario, provider).
 pub const EXIT_USAGE: i32 = 2;
@@ -433,6 +431,8 @@ impl Sandbox {
         let scene = scenario
             .into_scene(source, args.cluster_cidr.as_deref(), demo_cloud)
             .map_err(|e| usage(format!("{what}:\n{e}")))?;
+        // A scenario that gives the config file's content verbatim replaces the demo cloud.
+        let demo_cloud = demo_cloud && scene.verbatim_config().is_none();
 
         // Plugins and the daemon's flags.
         let work = WorkDir::create(args.work_dir.as_deref())?;
@@ -498,7 +498,7 @@ impl Sandbox {
         let state_dir = work.join("cloud");
         let config: Option<Value> = if demo_cloud {
             Some(scene.demo_cloud_config(&settings.controllers.cluster_name, &state_dir))
-        } else if let Some(overlay) = &scene.cloud_config {
+        } else if let Some(SceneCloudConfig::Mapping(overlay)) = &scene.cloud_config {
             let config = Value::Object(overlay.clone());
             Some(if is_fake(&provider_name) {
                 scene::with_state_dir(config, &state_dir)
@@ -510,6 +510,9 @@ impl Sandbox {
         };
         let config_bytes: Option<Vec<u8>> = match (&config, &args.cloud_config) {
             (Some(c), _) => Some(yaml_serde::to_string(c)?.into_bytes()),
+            (None, _) if scene.verbatim_config().is_some() => {
+                scene.verbatim_config().map(|text| text.as_bytes().to_vec())
+            }
             (None, Some(path)) => {
                 let bytes = std::fs::read(path).map_err(|e| {
                     usage(format!(
@@ -533,12 +536,11 @@ impl Sandbox {
                 .with_context(|| format!("writing {}", config_path.display()))?;
         }
 
-        // The provider, built here too: an unusable provider or config is reported before
-        // anything starts, and its capabilities say what to expect.
-        let options = ProviderOptions {
-            call_timeout: settings.provider_call_timeout,
-            ..ProviderOptions::default()
-        };
+        // The provider, built here with the daemon's options: an unusable provider or config is
+        // reported before anything starts, its capabilities say what to expect, and the daemon
+        // runs the controllers with this same instance (`daemon::run_until_with`), so the
+        // cloud view below asks the instance that did the work.
+        let options = crate::daemon::provider_options(&settings);
         let provider = registry
             .create(&provider_name, config_bytes.as_deref(), &options)
             .map_err(|e| usage(e.to_string()))?;
@@ -551,16 +553,18 @@ impl Sandbox {
                 .and_then(|c| c.get("stateDir"))
                 .and_then(Value::as_str)
             {
+                // The fake's own record of its cloud (with each load balancer's hosts), when
+                // it keeps one; else the calls, as for any provider.
                 _ if effective
                     .as_ref()
                     .and_then(|c| c.get("cloudStateFile"))
                     .and_then(Value::as_bool)
                     == Some(false) =>
                 {
-                    CloudSource::Unavailable("the fake's config sets cloudStateFile: false".into())
+                    CloudSource::Provider(provider.clone())
                 }
                 Some(dir) => CloudSource::FakeStateFile(Path::new(dir).join("cloud.json")),
-                None => CloudSource::Unavailable("the fake's config has no stateDir".into()),
+                None => CloudSource::Provider(provider.clone()),
             }
         } else {
             CloudSource::Provider(provider.clone())
@@ -598,16 +602,6 @@ impl Sandbox {
         }
         let client = server.client();
         seed(&client, &self.scene).await?;
-        if let CloudSource::Provider(p) = &self.cloud {
-            let host = HostServices::new(
-                &self.settings.controllers.cluster_name,
-                Some(client.clone()),
-                Arc::new(AtomicBool::new(false)),
-            );
-            if let Err(e) = p.initialize(host).await {
-                return Err(usage(format!("cloud provider Initialize failed: {e}")));
-            }
-        }
         if self.run_args.secure_port != 0 {
             // The secure port delegates to this API server: a token it accepts, allowed to get
             // every path (/metrics, /healthz/<check>).
@@ -669,10 +663,13 @@ impl Sandbox {
                 .filter(|e| !SANDBOX_ERRORS.iter().any(|own| e.text.starts_with(own)))
                 .collect::<Vec<_>>()
         };
-        let mut daemon = tokio::spawn(crate::daemon::run_until(
+        // The daemon runs the controllers with the sandbox's provider instance: one instance,
+        // initialised once (by the daemon, on leadership), whose answers the cloud view shows.
+        let mut daemon = tokio::spawn(crate::daemon::run_until_with(
             self.run_args.clone(),
             self.max_log_level,
             shutdown.clone(),
+            self.provider.clone(),
         ));
         let started = Instant::now();
         let mut obs = Observation::default();

@@ -18,8 +18,8 @@ pub enum CloudSource {
     /// The fake provider's `stateDir/cloud.json` (the daemon's fake instance writes it; another
     /// instance of the fake would have its own, empty, in-memory cloud).
     FakeStateFile(PathBuf),
-    /// Calls to a provider instance of the sandbox's own (GetLoadBalancer, ListRoutes): real
-    /// clouds keep their state outside the process.
+    /// Calls (GetLoadBalancer, ListRoutes) to the provider instance the controllers use, so a
+    /// provider that keeps its cloud in memory shows what it holds.
     Provider(Provider),
     /// No view, and why.
     Unavailable(String),

@@ -46,8 +46,9 @@ pub struct Scenario {
     /// Services of type LoadBalancer.
     #[serde(default)]
     pub services: Vec<ServiceSpec>,
-    /// The provider's cloud config. With the fake provider it is laid over the built-in demo
-    /// cloud key by key (so `errors:` alone injects faults into the demo cloud).
+    /// The provider's cloud config: a mapping of its keys (with the fake provider laid over the
+    /// built-in demo cloud key by key, so `errors:` alone injects faults into the demo cloud), or
+    /// a string handed over verbatim.
     pub cloud_config: Option<Value>,
 }
 
@@ -166,8 +167,29 @@ pub struct Scene {
     pub nodes: Vec<SceneNode>,
     /// Services in order.
     pub services: Vec<ServiceSpec>,
-    /// The scenario's `cloudConfig` mapping.
-    pub cloud_config: Option<Map<String, Value>>,
+    /// The scenario's `cloudConfig`.
+    pub cloud_config: Option<SceneCloudConfig>,
+}
+
+/// A scenario's `cloudConfig`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SceneCloudConfig {
+    /// A mapping of the provider's configuration keys: written as YAML (a YAML or JSON config
+    /// reads it), and laid over the fake provider's demo cloud.
+    Mapping(Map<String, Value>),
+    /// A string: the config file's content, handed to the provider verbatim (any format: INI,
+    /// JSON, a list of lines, ...). With the fake provider it replaces the demo cloud.
+    Verbatim(String),
+}
+
+impl Scene {
+    /// Whether the scenario gives the config file's content verbatim.
+    pub fn verbatim_config(&self) -> Option<&str> {
+        match &self.cloud_config {
+            Some(SceneCloudConfig::Verbatim(text)) => Some(text),
+            _ => None,
+        }
+    }
 }
 
 /// A node of a validated scene.
@@ -372,15 +394,18 @@ impl Scenario {
         };
         let cloud_config = match self.cloud_config {
             None => None,
-            Some(Value::Object(m)) => Some(m),
+            Some(Value::Object(m)) => Some(SceneCloudConfig::Mapping(m)),
+            Some(Value::String(text)) => Some(SceneCloudConfig::Verbatim(text)),
             Some(other) => {
                 errors.push(format!(
-                    "cloudConfig: must be a mapping of the provider's configuration keys, got {}",
+                    "cloudConfig: must be a mapping of the provider's configuration keys, or a string (the file's content, verbatim), got {}",
                     json_kind(&other)
                 ));
                 None
             }
         };
+        // A verbatim config replaces the fake's demo cloud: its fields have no cloud to go to.
+        let demo_cloud = demo_cloud && !matches!(cloud_config, Some(SceneCloudConfig::Verbatim(_)));
 
         // Nodes: names, IPs, pod CIDRs.
         let mut names = BTreeSet::new();
@@ -704,7 +729,9 @@ impl Scene {
             "clusters": [cluster_name],
             "ipPool": "198.18.0.0/15",
         });
-        if let (Value::Object(base), Some(overlay)) = (&mut config, &self.cloud_config) {
+        if let (Value::Object(base), Some(SceneCloudConfig::Mapping(overlay))) =
+            (&mut config, &self.cloud_config)
+        {
             for (k, v) in overlay {
                 base.insert(k.clone(), v.clone());
             }
@@ -1025,7 +1052,7 @@ cloudConfig: [1, 2]
         )
         .unwrap_err();
         let expected = [
-            "cloudConfig: must be a mapping of the provider's configuration keys, got a list",
+            "cloudConfig: must be a mapping of the provider's configuration keys, or a string (the file's content, verbatim), got a list",
             "nodes[0].providedIP: \"10.0.0.300\" is not an IP address (one address, as the kubelet's --node-ip)",
             "nodes[0].podCIDR: 10.9.0.0/24 is not inside the cluster CIDR 10.8.0.0/23",
             "nodes[1].name: duplicate node name \"a\"",
@@ -1079,7 +1106,24 @@ cloudConfig: [1, 2]
         let worker_a = &s.nodes[1];
         assert_eq!(worker_a.pod_cidr.to_string(), "10.100.21.0/24");
         assert_eq!(worker_a.internal_ip.to_string(), "10.1.0.21");
-        assert_eq!(s.cloud_config.as_ref().unwrap()["ipPool"], "198.18.0.0/16");
+        match s.cloud_config.as_ref().unwrap() {
+            SceneCloudConfig::Mapping(m) => assert_eq!(m["ipPool"], "198.18.0.0/16"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_string_cloud_config_is_kept_verbatim_and_replaces_the_demo_cloud() {
+        let text = "[Global]\nZone = a\n";
+        let s = scene(&format!(
+            "nodes:\n- {{name: a}}\ncloudConfig: {}\n",
+            serde_json::to_string(text).unwrap()
+        ))
+        .unwrap();
+        assert_eq!(s.verbatim_config(), Some(text));
+        // The demo cloud's node fields need the demo cloud, which a verbatim config replaces.
+        let err = scene("nodes:\n- {name: a, zone: z}\ncloudConfig: 'x = 1'\n").unwrap_err();
+        assert!(err.iter().any(|e| e.contains("zone")), "{err:?}");
     }
 
     #[test]
@@ -1097,7 +1141,9 @@ cloudConfig: [1, 2]
         assert_eq!(c["instances"][1]["addresses"][0]["address"], "10.0.0.13");
         assert_eq!(c["errors"]["EnsureLoadBalancer"]["kind"], "other");
         assert_eq!(c["autoInstances"], true);
-        s.cloud_config = Some(serde_json::from_value(json!({"stateDir": "/mine"})).unwrap());
+        s.cloud_config = Some(SceneCloudConfig::Mapping(
+            serde_json::from_value(json!({"stateDir": "/mine"})).unwrap(),
+        ));
         assert_eq!(
             s.demo_cloud_config("k", Path::new("/state"))["stateDir"],
             "/mine"
