@@ -419,6 +419,8 @@ fn plugins_command_lists_providers_capabilities_and_refusals() {
             allow_insecure_plugins: false,
         },
         output: ccm_host::args::OutputFormat::Json,
+        cloud_config: None,
+        cloud_provider: None,
     };
     let mut out = Vec::new();
     let code = ccm_host::cli::plugins(&args, 2, &mut out).unwrap();
