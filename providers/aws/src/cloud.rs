@@ -36,6 +36,7 @@ pub struct AwsContext {
     pub cluster_id: Option<String>,
     zones: tokio::sync::Mutex<Option<Arc<BTreeMap<String, AvailabilityZone>>>>,
     node_names: Mutex<HashMap<String, String>>,
+    node_ids: Mutex<HashMap<String, String>>,
     host: Mutex<Option<Arc<Host>>>,
     nodes_listed: Mutex<Option<Instant>>,
     health: Mutex<Option<(Instant, Result<()>)>>,
@@ -75,7 +76,13 @@ impl AwsContext {
     pub fn remember_node(&self, instance_id: &str, node_name: &str) {
         let mut m = self.node_names.lock().expect("node name map");
         if m.get(instance_id).map(String::as_str) != Some(node_name) {
-            m.insert(instance_id.to_string(), node_name.to_string());
+            if let Some(old) = m.insert(instance_id.to_string(), node_name.to_string()) {
+                self.node_ids.lock().expect("node id map").remove(&old);
+            }
+            self.node_ids
+                .lock()
+                .expect("node id map")
+                .insert(node_name.to_string(), instance_id.to_string());
         }
     }
 
@@ -177,19 +184,26 @@ impl AwsContext {
         }
     }
 
-    /// The instance ID of the node named `node_name`: recorded earlier, else its provider ID
-    /// read through the host, else `None` (callers then look the name up as a private DNS
+    /// The instance ID of the node named `node_name`: recorded earlier, else from the
+    /// cluster's Nodes read through the host (one listing a minute at most, shared by every
+    /// caller: the route controller creates hundreds of routes at once), else that Node's
+    /// provider ID read alone, else `None` (callers then look the name up as a private DNS
     /// name).
     pub fn instance_of_node(&self, ctx: &CallContext, node_name: &str) -> Option<String> {
-        if let Some(id) = self
-            .node_names
-            .lock()
-            .expect("node name map")
-            .iter()
-            .find(|(_, n)| n.as_str() == node_name)
-            .map(|(id, _)| id.clone())
-        {
+        let known = |cx: &Self| {
+            cx.node_ids
+                .lock()
+                .expect("node id map")
+                .get(node_name)
+                .cloned()
+        };
+        if let Some(id) = known(self) {
             return Some(id);
+        }
+        if self.refresh_nodes_from_host(ctx) {
+            if let Some(id) = known(self) {
+                return Some(id);
+            }
         }
         let host = self.host()?;
         match host.kube_request(ctx, "GET", &format!("/api/v1/nodes/{node_name}"), "", &[]) {
@@ -308,6 +322,7 @@ impl AwsCloud {
             region,
             zones: tokio::sync::Mutex::new(None),
             node_names: Mutex::new(HashMap::new()),
+            node_ids: Mutex::new(HashMap::new()),
             host: Mutex::new(None),
             nodes_listed: Mutex::new(None),
             health: Mutex::new(None),
