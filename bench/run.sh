@@ -5,7 +5,7 @@
 # usage: bench/run.sh [--runs N] [--only LIST] [--quick] [--output FILE]
 #   --runs N       runs of each benchmark (default 3; env BENCH_RUNS)
 #   --only LIST    comma-separated subset of: node_init,node_init_budget,node_init_kube_qps,load_balancers,memory,
-#                  memory_lb,provider_calls (default: all)
+#                  memory_lb,provider_calls,instance_calls,instance_calls_kube_qps (default: all)
 #   --quick        small sizes for a smoke run (500 nodes, 100 services, 10 s idle window);
 #                  writes target/bench-quick.md unless --output is given
 #   --output FILE  where to write (default BENCHMARKS.md at the repository root)
@@ -17,7 +17,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 runs="${BENCH_RUNS:-3}"
-only="node_init,node_init_budget,node_init_kube_qps,load_balancers,memory,memory_lb,provider_calls"
+only="node_init,node_init_budget,node_init_kube_qps,load_balancers,memory,memory_lb,provider_calls,instance_calls,instance_calls_kube_qps"
 quick=0
 output=""
 while [[ $# -gt 0 ]]; do
@@ -37,8 +37,8 @@ fi
 IFS=',' read -r -a benches <<< "$only"
 for b in "${benches[@]}"; do
     case "$b" in
-        node_init|node_init_budget|node_init_kube_qps|load_balancers|memory|memory_lb|provider_calls) ;;
-        *) echo "bench/run.sh: unknown benchmark '$b' (node_init, node_init_budget, node_init_kube_qps, load_balancers, memory, memory_lb, provider_calls)" >&2; exit 2 ;;
+        node_init|node_init_budget|node_init_kube_qps|load_balancers|memory|memory_lb|provider_calls|instance_calls|instance_calls_kube_qps) ;;
+        *) echo "bench/run.sh: unknown benchmark '$b' (node_init, node_init_budget, node_init_kube_qps, load_balancers, memory, memory_lb, provider_calls, instance_calls, instance_calls_kube_qps)" >&2; exit 2 ;;
     esac
 done
 if [[ $quick == 1 ]]; then
@@ -50,6 +50,8 @@ if [[ $quick == 1 ]]; then
     export BENCH_MEM_SERVICES="${BENCH_MEM_SERVICES:-1000}"
     export BENCH_IDLE_SECS="${BENCH_IDLE_SECS:-10}"
     export BENCH_CALL_ITERS="${BENCH_CALL_ITERS:-5000}"
+    export BENCH_INIT_NODES="${BENCH_INIT_NODES:-500}"
+    export BENCH_STEADY_NODES="${BENCH_STEADY_NODES:-200}"
     output="${output:-target/bench-quick.md}"
 fi
 output="${output:-BENCHMARKS.md}"
@@ -63,22 +65,27 @@ declare -A package=(
     [node_init]=ccm-integration-tests [node_init_budget]=ccm-integration-tests
     [node_init_kube_qps]=ccm-integration-tests
     [load_balancers]=ccm-integration-tests [provider_calls]=ccm-integration-tests
-    [memory]=ccm-host [memory_lb]=ccm-host
+    [memory]=ccm-host [memory_lb]=ccm-host [instance_calls]=ccm-integration-tests
+    [instance_calls_kube_qps]=ccm-integration-tests
 )
 declare -A target=(
     [node_init]=bench_node_init [node_init_budget]=bench_node_init
     [node_init_kube_qps]=bench_node_init
     [load_balancers]=bench_load_balancers [provider_calls]=bench_provider_calls
-    [memory]=bench_memory [memory_lb]=bench_memory
+    [memory]=bench_memory [memory_lb]=bench_memory [instance_calls]=bench_instance_calls
+    [instance_calls_kube_qps]=bench_instance_calls
 )
 declare -A settings=(
-    [node_init]="" [load_balancers]="" [provider_calls]=""
+    [node_init]="" [load_balancers]="" [provider_calls]="" [instance_calls]=""
     # Our default concurrency under a 200 calls/s cloud budget (the default is no budget).
     [node_init_budget]="BENCH_LATENCIES_MS=50 BENCH_CONCURRENCY=default BENCH_CLOUD_QPS=200"
     # Field conditions: the default client limit (20 qps) next to no limit, same run.
     [node_init_kube_qps]="BENCH_NODES=1000 BENCH_LATENCIES_MS=50 BENCH_CONCURRENCY=default BENCH_KUBE_QPS=default,unlimited"
     # Watched state only, then with load balancers (every LB call carries every node).
     [memory]="BENCH_MEM_LB_SERVICES=0" [memory_lb]="BENCH_MEM_LB_SERVICES=10"
+    # Bulk lookups next to the per-node path at the default client limit (20 qps): initialisation
+    # only, 1,000 nodes (5,000 would take ~12 min per path).
+    [instance_calls_kube_qps]="BENCH_PHASES=init BENCH_INIT_NODES=1000 BENCH_KUBE_QPS=default"
 )
 
 # The variant's settings, minus the variables the user set.
@@ -140,6 +147,8 @@ PARAMS = {
     "memory": ["nodes", "services", "lb_services", "images"],
     "provider_calls": ["node_json_bytes"],
     "plugin_load": ["plugin", "so_bytes"],
+    "bulk_init": ["path", "nodes", "latency_ms", "kube_qps"],
+    "steady_calls": ["path", "nodes", "not_ready", "time_scale"],
 }
 
 cases = {}  # (bench, params tuple) -> {field: [values]}
@@ -307,6 +316,51 @@ if calls or loads:
             w(f"| {p['plugin']} | {fmt(float(p['so_bytes']) / 1048576, 1)} | {fmt(med(k, 'median_ms'), 1)} | "
               f"{fmt(med(k, 'min_ms'), 1)} | {fmt(med(k, 'max_ms'), 1)} |")
         w("")
+
+inits = [k for k in order if k[0] == "bulk_init"]
+steady = [k for k in order if k[0] == "steady_calls"]
+if inits or steady:
+    w("### 5. Cloud calls: bulk instance lookups next to the per-node path")
+    w("")
+    w("One run, the same nodes and cloud for both paths; the fake provider with `bulkInstances: true` "
+      "(bulk) or `false` (per node: upstream's pattern), every other setting at its default "
+      "(`--instance-batch-window 100ms`, `--instance-batch-size 500`, 64 workers). The nodes' outcomes "
+      "(provider ID, labels, addresses, taints) of the two paths are compared and identical (asserted). "
+      "'--kube-api-qps none' = the node controller's client without a rate limit.")
+    w("")
+if inits:
+    w("| path | nodes | provider latency | --kube-api-qps | cloud calls | calls/node | batches (largest) | time (s) | nodes/s | node writes/node | calls of the address pass right after | goal |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for k in inits:
+        p = params(k)
+        calls = med(k, "cloud_calls")
+        goal = ""
+        if p["path"] == "bulk" and p["nodes"] == "5000" and p["latency_ms"] == "50":
+            goal = ("met" if calls <= 20 else "missed") + " (<= 20 calls)"
+        kube_qps = "none" if p["kube_qps"] in ("", "unlimited") else p["kube_qps"]
+        batches = med(k, "batch_calls")
+        largest = f"{fmt(batches, 0)} ({fmt(med(k, 'max_batch'), 0)})" if batches == batches and batches > 0 else "–"
+        w(f"| {p['path'].replace('_', '-')} | {p['nodes']} | {p['latency_ms']} ms | {kube_qps} | {fmt(calls, 0)} | "
+          f"{fmt(med(k, 'calls_per_node'), 3)} | {largest} | {fmt(med(k, 'seconds'))} | {fmt(med(k, 'nodes_per_s'), 0)} | "
+          f"{fmt(med(k, 'node_writes_per_node'))} | {fmt(med(k, 'address_pass_calls'), 0)} | {goal} |")
+    w("")
+if steady:
+    w("Steady state: one simulated hour of the default periods (address loop every 5 min, lifecycle "
+      "checks every 5 s: 12 + 720 passes of the real pass functions, time scaled down as in the "
+      "time-scale column, the controllers' max-ages with it); calls counted over exactly those passes.")
+    w("")
+    w("| path | nodes | NotReady | time scale | address passes | lifecycle passes | address-loop calls | lifecycle calls | calls per simulated hour | per 1,000 nodes | goal |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for k in steady:
+        p = params(k)
+        per_k = med(k, "calls_per_1000_nodes_per_hour")
+        goal = ""
+        if p["path"] == "bulk" and p["not_ready"] == "0":
+            goal = ("met" if per_k <= 50 else "missed") + " (<= 50 per 1,000 nodes)"
+        w(f"| {p['path'].replace('_', '-')} | {p['nodes']} | {p['not_ready']} | {p['time_scale']}x | "
+          f"{fmt(med(k, 'address_passes'), 0)} | {fmt(med(k, 'lifecycle_passes'), 0)} | {fmt(med(k, 'address_calls'), 0)} | "
+          f"{fmt(med(k, 'lifecycle_calls'), 0)} | {fmt(med(k, 'calls_per_hour'), 0)} | {fmt(per_k, 0)} | {goal} |")
+    w("")
 
 generated = "\n".join(lines)
 BEGIN, END = "<!-- BEGIN GENERATED: bench/run.sh -->", "<!-- END GENERATED -->"
