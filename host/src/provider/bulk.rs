@@ -1,6 +1,6 @@
 //! ABI 1.1 bulk instance lookups: node initialisation, the address loop and the lifecycle
 //! checks ask about many nodes in one `InstancesBatch` call when the provider declares
-//! `BULK_INSTANCES` (docs/writing-a-provider.md#bulk-instance-lookups).
+//! `BULK_INSTANCES` (docs/writing-a-provider.md#bulk-instance-lookups-implement-bulkinstances).
 //!
 //! The [`Batcher`] collects the nodes asked about, by every controller, for a short window
 //! (`--instance-batch-window`, default [`DEFAULT_INSTANCE_BATCH_WINDOW`]) or until a batch holds
@@ -296,11 +296,13 @@ impl Provider {
         }
         self.count_lookup(false);
         let md = self.instance_metadata(node).await?;
-        let answer = InstanceAnswer {
-            metadata: Some(md.clone()),
-            ..Default::default()
-        };
-        self.inner.instance_cache.put(node, &answer, cache.keep_for);
+        if !cache.keep_for.is_zero() {
+            let answer = InstanceAnswer {
+                metadata: Some(md.clone()),
+                ..Default::default()
+            };
+            self.inner.instance_cache.put(node, &answer, cache.keep_for);
+        }
         Ok(md)
     }
 

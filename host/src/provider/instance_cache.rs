@@ -4,7 +4,7 @@
 //!
 //! What is kept, and for how long, is chosen by the caller that learned the answer
 //! ([`CacheUse::keep_for`]). The controllers keep only what another caller will read
-//! (docs/writing-a-provider.md#bulk-instance-lookups):
+//! (docs/writing-a-provider.md#bulk-instance-lookups-implement-bulkinstances):
 //! - node initialisation keeps the metadata it learned for one `--node-status-update-frequency`,
 //!   so the address loop's next pass does not ask again for a node just initialised;
 //! - the address loop and the lifecycle checks read the cache but keep nothing: each pass wants
@@ -180,10 +180,10 @@ impl InstanceCache {
         let Some(name) = node.metadata.name.as_deref() else {
             return;
         };
-        let metadata = answer.metadata.clone().flatten();
         if keep_for.is_zero() {
             return;
         }
+        let metadata = answer.metadata.clone().flatten();
         let mut state = self.lock();
         if answer.exists == Some(false) {
             // Never kept (a caller that needs "does not exist" asks the cloud), and whatever
