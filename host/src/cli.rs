@@ -497,6 +497,9 @@ struct ProviderEntry {
     name: String,
     provider_name: Option<String>,
     capabilities: Option<Capabilities>,
+    /// The platforms (providerID prefixes, KEP-5778) whose nodes it owns in a hybrid cluster.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    platforms: Vec<String>,
     /// Whether the factory got the --cloud-config.
     with_cloud_config: bool,
     /// Why the capabilities are unknown (the factory needs a cloud config, or failed).
@@ -563,6 +566,7 @@ pub fn plugins(args: &PluginsArgs, max_log_level: u8, out: &mut dyn Write) -> an
                                 name: name.clone(),
                                 provider_name: Some(provider.provider_name().to_string()),
                                 capabilities: Some(provider.capabilities()),
+                                platforms: provider.platforms().to_vec(),
                                 with_cloud_config,
                                 error: None,
                             },
@@ -570,6 +574,7 @@ pub fn plugins(args: &PluginsArgs, max_log_level: u8, out: &mut dyn Write) -> an
                                 name: name.clone(),
                                 provider_name: None,
                                 capabilities: None,
+                                platforms: Vec::new(),
                                 with_cloud_config,
                                 error: Some(e.to_string()),
                             },
@@ -607,9 +612,10 @@ fn write_text(listing: &PluginListing, out: &mut dyn Write) -> std::io::Result<(
             match (&prov.capabilities, &prov.error) {
                 (Some(caps), _) => writeln!(
                     out,
-                    "  provider {:<12} ProviderName={} capabilities: {}",
+                    "  provider {:<12} ProviderName={} platforms: {} capabilities: {}",
                     prov.name,
                     prov.provider_name.as_deref().unwrap_or(""),
+                    prov.platforms.join(","),
                     caps.names().join(", ")
                 )?,
                 (None, err) => writeln!(

@@ -278,6 +278,115 @@ where
     }
 }
 
+/// What a [`SharedInformer::view`] keeps of its parent's objects.
+pub type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+
+impl<K> SharedInformer<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+{
+    /// A view of this informer holding only the objects `keep` accepts, with the same API: its
+    /// own cache and changes, fed from this informer's (no second watch; the objects are
+    /// shared). An object that stops being kept is `Deleted` from the view, one that starts
+    /// being kept is `Added`. Hybrid clusters give each provider's controllers the view of the
+    /// nodes it owns (crate::ownership).
+    pub fn view(&self, keep: Keep<K>, stop: CancellationToken) -> SharedInformer<K> {
+        let store = Store::default();
+        let (changes, _) = broadcast::channel(CHANGE_BUFFER);
+        let (synced_tx, synced) = watch::channel(false);
+        let parent = self.clone();
+        // Subscribed before the first list is read, so nothing falls between the two.
+        let mut rx = parent.subscribe();
+        let (cache, tx) = (store.clone(), changes.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                ok = parent.wait_synced() => if !ok { return },
+            }
+            resync(&parent, &cache, &tx, &keep);
+            synced_tx.send_replace(true);
+            loop {
+                let change = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    c = rx.recv() => c,
+                };
+                match change {
+                    Ok(Change::Added(new) | Change::Updated { new, .. }) => {
+                        let key = cache_key(new.as_ref());
+                        let change = if keep(&new) {
+                            match cache.insert(key, new.clone()) {
+                                Some(old) if Arc::ptr_eq(&old, &new) => continue,
+                                Some(old) => Change::Updated { old, new },
+                                None => Change::Added(new),
+                            }
+                        } else {
+                            match cache.remove(&key) {
+                                Some(old) => Change::Deleted(old),
+                                None => continue,
+                            }
+                        };
+                        let _ = tx.send(change);
+                    }
+                    Ok(Change::Deleted(old)) => {
+                        if let Some(old) = cache.remove(&cache_key(old.as_ref())) {
+                            let _ = tx.send(Change::Deleted(old));
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        resync(&parent, &cache, &tx, &keep)
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        SharedInformer {
+            store,
+            changes,
+            synced,
+        }
+    }
+}
+
+/// Bring a view's cache to what `keep` accepts of `parent`'s, sending the differences.
+fn resync<K: Resource>(
+    parent: &SharedInformer<K>,
+    cache: &Store<K>,
+    tx: &broadcast::Sender<Change<K>>,
+    keep: &Keep<K>,
+) {
+    let fresh: HashMap<String, Arc<K>> = parent
+        .list()
+        .into_iter()
+        .filter(|o| keep(o))
+        .map(|o| (cache_key(o.as_ref()), o))
+        .collect();
+    let sends: Vec<Change<K>> = {
+        let before = cache.read();
+        let mut sends: Vec<Change<K>> = fresh
+            .iter()
+            .filter_map(|(key, new)| match before.get(key) {
+                Some(old) if Arc::ptr_eq(old, new) => None,
+                Some(old) => Some(Change::Updated {
+                    old: old.clone(),
+                    new: new.clone(),
+                }),
+                None => Some(Change::Added(new.clone())),
+            })
+            .collect();
+        sends.extend(
+            before
+                .iter()
+                .filter(|(key, _)| !fresh.contains_key(*key))
+                .map(|(_, old)| Change::Deleted(old.clone())),
+        );
+        sends
+    };
+    cache.replace(fresh);
+    for change in sends {
+        let _ = tx.send(change);
+    }
+}
+
 impl<K> SharedInformer<K> {
     /// The cache (upstream's lister).
     pub fn store(&self) -> &Store<K> {

@@ -16,6 +16,7 @@ pub mod informer;
 pub mod kube_clients;
 pub mod malloc;
 pub mod metrics;
+pub mod ownership;
 pub mod patches;
 pub mod plugin;
 pub mod provider;

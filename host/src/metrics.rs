@@ -248,5 +248,81 @@ impl Metrics {
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    merge_families(&out)
+}
+
+/// One metric family per name. prometheus-client writes a family for every registration, so the
+/// per-provider registrations of a hybrid cluster (the same metric under another `provider`
+/// label) would repeat `# HELP`/`# TYPE`, which OpenMetrics forbids; here the samples of a
+/// repeated family join its first block. A text without repeats comes back unchanged.
+pub fn merge_families(text: &str) -> String {
+    // Blocks in order: (family name, header lines, sample lines).
+    let mut blocks: Vec<(String, Vec<&str>, Vec<&str>)> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut current: Option<usize> = None;
+    let mut eof = false;
+    for line in text.lines() {
+        if line == "# EOF" {
+            eof = true;
+            continue;
+        }
+        let header = ["# HELP ", "# TYPE ", "# UNIT "]
+            .iter()
+            .find_map(|p| line.strip_prefix(p));
+        match header {
+            Some(rest) => {
+                let name = rest.split(' ').next().unwrap_or_default().to_string();
+                let at = *index.entry(name.clone()).or_insert_with(|| {
+                    blocks.push((name, Vec::new(), Vec::new()));
+                    blocks.len() - 1
+                });
+                // A repeated family's headers are dropped, not repeated.
+                if current != Some(at) && !blocks[at].2.is_empty() {
+                    current = Some(at);
+                    continue;
+                }
+                if !blocks[at].1.contains(&line) {
+                    blocks[at].1.push(line);
+                }
+                current = Some(at);
+            }
+            None => match current {
+                Some(at) => blocks[at].2.push(line),
+                None => {
+                    blocks.push((String::new(), Vec::new(), vec![line]));
+                    current = Some(blocks.len() - 1);
+                }
+            },
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    for (_, headers, samples) in &blocks {
+        for line in headers.iter().chain(samples) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if eof {
+        out.push_str("# EOF\n");
+    }
     out
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::merge_families;
+
+    #[test]
+    fn repeated_families_are_merged_and_others_kept() {
+        let text = "# HELP a_total A.\n# TYPE a_total counter\na_total{provider=\"x\"} 1\n\
+                    # HELP b B.\n# TYPE b gauge\nb 2\n\
+                    # HELP a_total A.\n# TYPE a_total counter\na_total{provider=\"y\"} 3\n# EOF\n";
+        assert_eq!(
+            merge_families(text),
+            "# HELP a_total A.\n# TYPE a_total counter\na_total{provider=\"x\"} 1\na_total{provider=\"y\"} 3\n\
+             # HELP b B.\n# TYPE b gauge\nb 2\n# EOF\n"
+        );
+        let single = "# HELP b B.\n# TYPE b gauge\nb 2\n# EOF\n";
+        assert_eq!(merge_families(single), single);
+    }
 }

@@ -20,6 +20,7 @@ pub mod cache_trim;
 pub mod node;
 pub mod node_addresses;
 pub mod node_lifecycle;
+pub mod node_ownership;
 pub mod route;
 pub mod service;
 
@@ -61,6 +62,10 @@ pub struct ControllerConfig {
     /// `--node-deletion-confirmations`, `--node-deletion-mode` and
     /// `--node-deletion-on-instance-not-found` (default: upstream's behaviour).
     pub node_deletion: node_lifecycle::NodeDeletionPolicy,
+    /// With node ownership enforced (hybrid clusters, crate::ownership): how long after its
+    /// creation a node without a providerID is left alone by the lifecycle controller
+    /// (`--provider-id-grace-period`). `None`: upstream's behaviour.
+    pub provider_id_grace_period: Option<Duration>,
 }
 
 impl Default for ControllerConfig {
@@ -77,6 +82,7 @@ impl Default for ControllerConfig {
             load_balancer_classes: Vec::new(),
             ignore_classless_services: false,
             node_deletion: node_lifecycle::NodeDeletionPolicy::default(),
+            provider_id_grace_period: None,
         }
     }
 }
@@ -100,6 +106,9 @@ pub struct ControllerContext {
     pub host_identity: String,
     /// Cancelled on shutdown or leadership loss.
     pub stop: CancellationToken,
+    /// The provider's name when several run (hybrid clusters): it is appended to the event
+    /// source component and the work-queue names, so each provider's controllers stay apart.
+    pub provider_label: Option<Arc<str>>,
 }
 
 impl ControllerContext {
@@ -132,12 +141,49 @@ impl ControllerContext {
             config: Arc::new(config),
             host_identity: host_identity.into(),
             stop: stop.clone(),
+            provider_label: None,
         }
+    }
+
+    /// The same context for another provider of a hybrid cluster: `nodes` are the nodes it
+    /// handles (a view of the shared informer), `config` its settings, `label` its name when
+    /// several providers run. The services informer stays shared.
+    pub fn for_provider(
+        &self,
+        provider: &Provider,
+        nodes: SharedInformer<Node>,
+        config: ControllerConfig,
+        label: Option<&str>,
+    ) -> Self {
+        let mut ctx = self.clone();
+        ctx.provider = provider.clone();
+        ctx.nodes = nodes;
+        ctx.config = Arc::new(config);
+        ctx.provider_label = label.map(Arc::from);
+        ctx
+    }
+
+    /// The event source component for `component`: upstream's, or `component/provider` when
+    /// several providers run.
+    pub fn component(&self, component: &str) -> String {
+        match &self.provider_label {
+            Some(p) => format!("{component}/{p}"),
+            None => component.to_string(),
+        }
+    }
+
+    /// A work queue's name, told apart per provider like [`Self::component`].
+    pub fn queue_name(&self, queue: &str) -> String {
+        self.component(queue)
     }
 
     /// An event recorder for `component`.
     pub fn recorder(&self, component: &str) -> EventRecorder {
-        EventRecorder::new(self.client.clone(), component, &self.host_identity)
+        EventRecorder::new(
+            self.client.clone(),
+            &self.component(component),
+            &self.host_identity,
+        )
     }
 
     /// The same context writing through `client` (the daemon gives each controller its own
@@ -191,4 +237,15 @@ pub(crate) fn publish_if_throttled(
         }
         None => false,
     }
+}
+
+/// Spawn `task` on `tasks` inside the current tracing span: in a hybrid cluster each provider's
+/// controllers run in a `provider` span, so their log lines name the provider.
+pub(crate) fn spawn_in_span<F>(tasks: &mut tokio::task::JoinSet<F::Output>, task: F)
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    use tracing::Instrument;
+    tasks.spawn(task.in_current_span());
 }

@@ -112,7 +112,7 @@ pub async fn run(ctx: ControllerContext) {
     {
         let (queue, nodes, stop) = (queue.clone(), ctx.nodes.clone(), ctx.stop.clone());
         let (provider, config) = (ctx.provider.clone(), ctx.config.clone());
-        tasks.spawn(async move {
+        crate::controllers::spawn_in_span(&mut tasks, async move {
             loop {
                 let change = tokio::select! {
                     _ = stop.cancelled() => break,
@@ -149,7 +149,7 @@ pub async fn run(ctx: ControllerContext) {
     // Workers.
     for _ in 0..ctx.config.concurrent_node_syncs.max(1) {
         let (c, stop) = (controller.clone(), ctx.stop.clone());
-        tasks.spawn(async move {
+        crate::controllers::spawn_in_span(&mut tasks, async move {
             while let Some(name) = c.queue.get().await {
                 tokio::select! {
                     _ = stop.cancelled() => { c.queue.done(&name); break; }
@@ -163,7 +163,7 @@ pub async fn run(ctx: ControllerContext) {
     {
         let (c, stop) = (controller.clone(), ctx.stop.clone());
         let period = ctx.config.node_status_update_frequency;
-        tasks.spawn(async move {
+        crate::controllers::spawn_in_span(&mut tasks, async move {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
@@ -606,8 +606,8 @@ impl NodeController {
     /// A controller for `ctx` (does not start anything).
     pub fn new(ctx: ControllerContext) -> Self {
         let recorder = ctx.recorder(COMPONENT);
-        let queue =
-            WorkQueue::new(QUEUE, BACKOFF_BASE, BACKOFF_MAX).with_metrics(&ctx.metrics.workqueue);
+        let queue = WorkQueue::new(&ctx.queue_name(QUEUE), BACKOFF_BASE, BACKOFF_MAX)
+            .with_metrics(&ctx.metrics.workqueue);
         Self {
             ctx,
             recorder,

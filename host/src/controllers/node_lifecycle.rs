@@ -195,6 +195,18 @@ fn ready_status(node: &Node) -> &str {
         .map_or("Unknown", |c| c.status.as_str())
 }
 
+/// Is `node` a node without a providerID created less than `grace` ago?
+fn within_provider_id_grace(node: &Node, grace: std::time::Duration) -> bool {
+    if !spec_provider_id(node).is_empty() {
+        return false;
+    }
+    let Some(created) = node.metadata.creation_timestamp.as_ref() else {
+        return false;
+    };
+    let age_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond() - created.0.as_millisecond();
+    u128::try_from(age_ms).map_or(true, |age| age < grace.as_millis())
+}
+
 fn spec_provider_id(node: &Node) -> &str {
     node.spec
         .as_ref()
@@ -459,8 +471,15 @@ impl NodeMonitor {
     /// With a bulk provider (beyond upstream) the nodes that are not Ready are looked up first,
     /// existence and shutdown together, in batches ([`bulk_answers`]); the decisions are then
     /// made node by node from those answers, exactly as from the per-node calls.
+    ///
+    /// With node ownership enforced (hybrid clusters) `ctx.nodes` holds only the provider's
+    /// nodes, and a node without a providerID is left alone until `--provider-id-grace-period`
+    /// after its creation, so the controller that may initialise it has the time to (KEP-5778).
     pub async fn pass(&mut self, ctx: &ControllerContext, recorder: &EventRecorder) {
-        let nodes = ctx.nodes.list();
+        let mut nodes = ctx.nodes.list();
+        if let Some(grace) = ctx.config.provider_id_grace_period {
+            nodes.retain(|n| !within_provider_id_grace(n, grace));
+        }
         let cached: HashSet<String> = nodes.iter().map(|n| node_key(n)).collect();
         self.streaks.retain(|key, _| cached.contains(key));
         let mut answers = bulk_answers(ctx, &nodes).await;

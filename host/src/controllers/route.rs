@@ -285,7 +285,7 @@ pub async fn reconcile(
             });
         }
     }
-    let deletions = tokio::spawn(join_all(deletions));
+    let deletions = tokio::spawn(tracing::Instrument::in_current_span(join_all(deletions)));
     // Address-aware providers: never create before the stale route is gone.
     let serialise = routes.first().is_some_and(|r| r.enable_node_addresses);
     let mut deletions = Some(deletions);

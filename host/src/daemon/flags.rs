@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
+use super::provider_set::ProviderSet;
 use super::selection::ControllerSelection;
 use super::upstream_flags::{parse_go_bool, FeatureGates, UpstreamArgs};
 use crate::args::PluginDirArgs;
@@ -28,12 +29,29 @@ pub struct RunArgs {
     pub plugins: PluginDirArgs,
 
     // ---- generic ----
-    /// The provider to run (a name registered by a plugin). Required.
+    /// The provider to run (a name registered by a plugin). Required. Several, comma
+    /// separated, run side by side in a hybrid cluster, each on the nodes it owns (beyond
+    /// upstream; docs/hybrid-clusters.md); the first is the default provider.
     #[arg(long, env = "CCM_CLOUD_PROVIDER", default_value = "")]
     pub cloud_provider: String,
-    /// Path of the cloud provider configuration file, handed to the provider factory.
-    #[arg(long, env = "CCM_CLOUD_CONFIG")]
-    pub cloud_config: Option<PathBuf>,
+    /// Path of the cloud provider configuration file, handed to the provider factory. With
+    /// several providers: NAME=PATH, once per provider that takes a config.
+    #[arg(long, env = "CCM_CLOUD_CONFIG", action = ArgAction::Append)]
+    pub cloud_config: Vec<PathBuf>,
+    /// The platforms (providerID prefixes, e.g. aws:// or aws) a provider owns, instead of the
+    /// ones it declares; [NAME=]PLATFORM, comma separated or repeated (KEP-5778). Given, it
+    /// also makes a single provider leave the nodes of other platforms alone.
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    pub cloud_provider_platforms: Vec<String>,
+    /// Which nodes a provider's load balancers target when ownership is enforced:
+    /// [NAME=]owned (default: the nodes it owns) or [NAME=]all (beyond upstream).
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    pub load_balancer_hosts: Vec<String>,
+    /// With ownership enforced: how long after its creation a node without a providerID is
+    /// left to the controllers that may initialise it before the lifecycle controller acts on
+    /// it (KEP-5778; beyond upstream).
+    #[arg(long, default_value = "5m")]
+    pub provider_id_grace_period: String,
     /// Controllers to run: '*' (all), 'name' or '-name' (canonical names or aliases).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
@@ -77,7 +95,8 @@ pub struct RunArgs {
     /// Service workers (must be > 0).
     #[arg(long, default_value_t = 1)]
     pub concurrent_service_syncs: i64,
-    /// Also handle LoadBalancer services of this class (repeatable). Beyond upstream, off by default.
+    /// Also handle LoadBalancer services of this class (repeatable): CLASS for the default
+    /// provider, CLASS=PROVIDER for another. Beyond upstream, off by default.
     #[arg(long = "load-balancer-class")]
     pub load_balancer_classes: Vec<String>,
     /// Leave services without a loadBalancerClass to another controller.
@@ -184,7 +203,11 @@ pub struct RunArgs {
 /// Validated settings of a run.
 #[derive(Debug, Clone)]
 pub struct RunSettings {
-    /// Controller settings.
+    /// The providers to run, with their configs, platforms and load-balancer classes.
+    pub providers: ProviderSet,
+    /// `--provider-id-grace-period`.
+    pub provider_id_grace_period: Duration,
+    /// Controller settings (the load-balancer classes are the default provider's).
     pub controllers: ControllerConfig,
     /// Selected controllers.
     pub selection: ControllerSelection,
@@ -271,9 +294,20 @@ impl RunArgs {
             false,
         );
 
-        if self.cloud_provider.trim().is_empty() {
-            errors.push("--cloud-provider cannot be empty".into());
-        }
+        let grace = duration(
+            "provider-id-grace-period",
+            &self.provider_id_grace_period,
+            true,
+        );
+        let providers = ProviderSet::parse(
+            &self.cloud_provider,
+            &self.cloud_config,
+            &self.cloud_provider_platforms,
+            &self.load_balancer_classes,
+            &self.load_balancer_hosts,
+            self.ignore_classless_services,
+            &mut errors,
+        );
         if self.concurrent_node_syncs <= 0 {
             errors.push(format!(
                 "--concurrent-node-syncs must be greater than 0, got {} (0 would silently stop node initialisation)",
@@ -381,11 +415,6 @@ impl RunArgs {
                 self.kube_api_burst
             ));
         }
-        for class in &self.load_balancer_classes {
-            if class.trim().is_empty() {
-                errors.push("--load-balancer-class cannot be empty".into());
-            }
-        }
         let feature_gates = self.upstream.validate(self.secure_port, &mut errors);
         let selection = match ControllerSelection::parse(&self.controllers) {
             Ok(s) => Some(s),
@@ -398,7 +427,10 @@ impl RunArgs {
             return Err(errors);
         }
         let to_usize = |v: i64| usize::try_from(v).unwrap_or(1);
+        let default_classes = providers.default_provider().load_balancer_classes.clone();
         Ok(RunSettings {
+            providers,
+            provider_id_grace_period: grace,
             controllers: ControllerConfig {
                 cluster_name: self.cluster_name.clone(),
                 node_monitor_period: monitor,
@@ -407,13 +439,15 @@ impl RunArgs {
                 concurrent_node_status_updates: to_usize(self.concurrent_node_status_updates),
                 concurrent_service_syncs: to_usize(self.concurrent_service_syncs),
                 route_reconciliation_period: route_period,
-                load_balancer_classes: self.load_balancer_classes.clone(),
+                load_balancer_classes: default_classes,
                 ignore_classless_services: self.ignore_classless_services,
                 node_deletion: NodeDeletionPolicy {
                     confirmations: deletion_confirmations.unwrap_or(DEFAULT_DELETION_CONFIRMATIONS),
                     mode: deletion_mode.unwrap_or(DEFAULT_DELETION_MODE),
                     on_instance_not_found: self.node_deletion_on_instance_not_found,
                 },
+                // Set by the daemon when ownership is enforced.
+                provider_id_grace_period: None,
             },
             selection: selection.expect("no errors means the selection parsed"),
             provider_call_timeout: call_timeout,

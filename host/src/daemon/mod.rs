@@ -13,10 +13,12 @@ pub mod flags;
 pub mod http;
 pub mod lease_health;
 pub mod provider_health;
+pub mod provider_set;
 pub mod selection;
 pub mod serving;
 pub mod upstream_flags;
 
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,10 +30,13 @@ use tokio_util::sync::CancellationToken;
 use crate::controllers::{self, ControllerContext};
 use crate::kube_clients::{self, KubeClients};
 use crate::metrics::Metrics;
+use crate::ownership::Ownership;
 use crate::plugin::PluginRegistry;
 use crate::provider::{HostServices, Provider, ProviderOptions};
 pub use flags::{RunArgs, RunSettings};
+use provider_set::{LbHosts, ProviderSpec};
 use selection::ControllerName;
+use tracing::Instrument;
 
 /// Exit code for invalid flags or an unusable provider/plugin (as upstream's flag errors).
 pub const EXIT_USAGE: i32 = 2;
@@ -70,14 +75,32 @@ pub async fn run_until_with(
     shutdown: CancellationToken,
     provider: Provider,
 ) -> i32 {
-    run_embedded(args, max_log_level, shutdown, Some(provider)).await
+    run_embedded(args, max_log_level, shutdown, Some(vec![provider])).await
+}
+
+/// As [`run_until_with`] for a run of several providers: `providers` in `--cloud-provider`
+/// order, each built from its own cloud config.
+pub async fn run_until_with_providers(
+    args: RunArgs,
+    max_log_level: u8,
+    shutdown: CancellationToken,
+    providers: Vec<Provider>,
+) -> i32 {
+    run_embedded(args, max_log_level, shutdown, Some(providers)).await
+}
+
+/// One provider of the run.
+#[derive(Clone)]
+struct Active {
+    provider: Provider,
+    spec: ProviderSpec,
 }
 
 async fn run_embedded(
     args: RunArgs,
     max_log_level: u8,
     shutdown: CancellationToken,
-    provider: Option<Provider>,
+    providers: Option<Vec<Provider>>,
 ) -> i32 {
     let settings = match args.validate() {
         Ok(s) => s,
@@ -92,29 +115,46 @@ async fn run_embedded(
         tracing::warn!("{w}");
     }
 
-    // Provider factory on every replica, before leader election.
-    let built = match provider {
-        Some(p) => read_cloud_config(&args).map(|config| (p, config)),
-        None => build_provider(&args, &settings, max_log_level),
+    // Provider factories on every replica, before leader election. Every provider named by
+    // --cloud-provider was requested: any that cannot start is fatal.
+    let built = match providers {
+        Some(given) => adopt_providers(&settings, given),
+        None => build_providers(&args, &settings, max_log_level),
     };
-    let (provider, config_file) = match built {
+    let (active, config_files) = match built {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
             return EXIT_USAGE;
         }
     };
-    if !provider.has_cluster_id() {
+    let several = active.len() > 1;
+    for a in &active {
+        if a.provider.has_cluster_id() {
+            continue;
+        }
         if args.allow_untagged_cloud {
-            tracing::warn!("detected a cluster without a ClusterID; running anyway because --allow-untagged-cloud is set");
+            tracing::warn!(provider = a.spec.name, "detected a cluster without a ClusterID; running anyway because --allow-untagged-cloud is set");
         } else {
+            let of = if several {
+                format!(" (cloud provider {})", a.spec.name)
+            } else {
+                String::new()
+            };
             eprintln!(
-                "error: no ClusterID found. A ClusterID is required for the cloud provider to function properly. \
+                "error: no ClusterID found{of}. A ClusterID is required for the cloud provider to function properly. \
                  This check can be bypassed by setting --allow-untagged-cloud"
             );
             return EXIT_USAGE;
         }
     }
+    let ownership = match ownership_of(&active, settings.providers.ownership_enforced) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
     let clients = match build_clients(&args, &settings).await {
         Ok(c) => c,
         Err(e) => {
@@ -126,17 +166,36 @@ async fn run_embedded(
     let stop = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
-    provider.metrics().register(&mut registry);
-    provider.reload_metrics().register(&mut registry);
+    for a in &active {
+        // Several providers: the same families, told apart by a `provider` label
+        // (crate::metrics::render merges what prometheus-client writes per registration).
+        let sub = if several {
+            registry.sub_registry_with_label((
+                std::borrow::Cow::Borrowed("provider"),
+                std::borrow::Cow::Owned(a.spec.name.clone()),
+            ))
+        } else {
+            &mut registry
+        };
+        a.provider.metrics().register(sub);
+        a.provider.reload_metrics().register(sub);
+    }
     let registry = Arc::new(registry);
     let health = http::Health::default();
-    {
+    let check_name = |base: &str, a: &Active| {
+        if several {
+            format!("{base}-{}", a.spec.name)
+        } else {
+            base.to_string()
+        }
+    };
+    for a in &active {
         // Beyond upstream: a provider whose calls hang in the plugin (past their deadline, up to
         // the pool's cap) has its calls refused; /healthz says so, so a liveness probe restarts
         // a host that only a restart can free (provider::pool).
-        let provider = provider.clone();
+        let provider = a.provider.clone();
         health.add_check(
-            "cloud-provider-calls",
+            &check_name("cloud-provider-calls", a),
             Arc::new(move || provider.call_health()),
         );
     }
@@ -147,23 +206,26 @@ async fn run_embedded(
             return EXIT_USAGE;
         }
     }
-    // Beyond upstream, on every replica: the provider's health probe as the `cloud-provider`
-    // check of /readyz, and --cloud-config hot reload.
-    let probe = provider_health::HealthProbe::start(
-        &provider,
-        settings.provider_health_period,
-        &health,
-        &stop,
-    );
-    if let Some(file) = config_file {
-        if !settings.cloud_config_reload_period.is_zero() {
-            cloud_config::spawn(
-                file,
-                provider.clone(),
-                settings.cloud_config_reload_period,
-                probe,
-                stop.clone(),
-            );
+    // Beyond upstream, on every replica: each provider's health probe as a check of /readyz
+    // (`cloud-provider`, or `cloud-provider-<name>` with several), and --cloud-config hot reload.
+    for (a, config_file) in active.iter().zip(config_files) {
+        let probe = provider_health::HealthProbe::start(
+            &a.provider,
+            &check_name(provider_health::CHECK, a),
+            settings.provider_health_period,
+            &health,
+            &stop,
+        );
+        if let Some(file) = config_file {
+            if !settings.cloud_config_reload_period.is_zero() {
+                cloud_config::spawn(
+                    file,
+                    a.provider.clone(),
+                    settings.cloud_config_reload_period,
+                    probe,
+                    stop.clone(),
+                );
+            }
         }
     }
     health.set_ready();
@@ -171,7 +233,8 @@ async fn run_embedded(
     let daemon = Daemon {
         args,
         settings,
-        provider,
+        active,
+        ownership,
         clients,
         identity,
         metrics,
@@ -182,10 +245,39 @@ async fn run_embedded(
     daemon.run().await
 }
 
+/// The ownership of the nodes among `active` (crate::ownership): each provider's platforms are
+/// its `--cloud-provider-platforms`, else the ones it declares.
+fn ownership_of(active: &[Active], enforced: bool) -> Result<Ownership, String> {
+    let platforms: Vec<(String, Vec<String>)> = active
+        .iter()
+        .map(|a| {
+            let list = if a.spec.platforms.is_empty() {
+                a.provider.platforms().to_vec()
+            } else {
+                a.spec.platforms.clone()
+            };
+            (a.spec.name.clone(), list)
+        })
+        .collect();
+    let ownership = Ownership::new(&platforms, enforced)?;
+    if enforced {
+        for (i, a) in active.iter().enumerate() {
+            tracing::info!(
+                provider = a.spec.name,
+                platforms = ?ownership.platforms(i),
+                "the provider owns the nodes of these platforms"
+            );
+        }
+    }
+    Ok(ownership)
+}
+
 struct Daemon {
     args: RunArgs,
     settings: RunSettings,
-    provider: Provider,
+    /// The providers, in `--cloud-provider` order.
+    active: Vec<Active>,
+    ownership: Ownership,
     clients: KubeClients,
     identity: String,
     metrics: Arc<Metrics>,
@@ -335,7 +427,8 @@ impl Daemon {
         }
     }
 
-    /// Initialize the provider, start the informers and every enabled controller.
+    /// Initialize the providers, start the informers and every enabled controller (once per
+    /// provider when several run, each over the nodes it owns).
     async fn start_controllers(&self) -> Result<Vec<(ControllerName, JoinHandle<()>)>, i32> {
         let client = |name: &str| {
             self.clients.client(name).map_err(|e| {
@@ -344,44 +437,126 @@ impl Daemon {
                 EXIT_FATAL
             })
         };
-        // The provider's own API access (upstream hands it the client builder) is named
-        // after the provider.
-        let host = HostServices::new(
-            &self.settings.controllers.cluster_name,
-            Some(client(&format!(
-                "cloud-provider-{}",
-                self.provider.registered_name()
-            ))?),
-            Arc::new(AtomicBool::new(false)),
-        );
-        if let Err(e) = self.provider.initialize(host).await {
-            eprintln!("error: cloud provider Initialize failed: {e}");
-            return Err(EXIT_FATAL);
+        let several = self.active.len() > 1;
+        for a in &self.active {
+            // The provider's own API access (upstream hands it the client builder) is named
+            // after the provider.
+            let host = HostServices::new(
+                &self.settings.controllers.cluster_name,
+                Some(client(&format!("cloud-provider-{}", a.spec.name))?),
+                Arc::new(AtomicBool::new(false)),
+            );
+            if let Err(e) = a.provider.initialize(host).await {
+                let of = if several {
+                    format!(" {}", a.spec.name)
+                } else {
+                    String::new()
+                };
+                eprintln!("error: cloud provider{of} Initialize failed: {e}");
+                return Err(EXIT_FATAL);
+            }
         }
-        let ctx = ControllerContext::new(
+        let mut config = self.settings.controllers.clone();
+        if self.ownership.enforced() {
+            config.provider_id_grace_period = Some(self.settings.provider_id_grace_period);
+        }
+        let base = ControllerContext::new(
             &client(kube_clients::SHARED_INFORMERS)?,
-            &self.provider,
+            &self.active[0].provider,
             &self.metrics,
-            self.settings.controllers.clone(),
+            config,
             &self.identity,
             &self.stop,
         );
+        // Each provider's context: its nodes (a view of the shared informer when ownership is
+        // enforced), its load-balancer classes, and its name on events, queues and logs.
+        let scoped: Vec<(ControllerContext, ControllerContext)> = self
+            .active
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let mut config = (*base.config).clone();
+                config.load_balancer_classes = a.spec.load_balancer_classes.clone();
+                config.ignore_classless_services = !a.spec.classless;
+                let nodes = if self.ownership.enforced() {
+                    let ownership = self.ownership.clone();
+                    base.nodes.view(
+                        Arc::new(move |n: &k8s_openapi::api::core::v1::Node| {
+                            ownership.handles(i, n)
+                        }),
+                        self.stop.clone(),
+                    )
+                } else {
+                    base.nodes.clone()
+                };
+                let label = several.then_some(a.spec.name.as_str());
+                let owned = base.for_provider(&a.provider, nodes, config.clone(), label);
+                // Load balancers target the owned nodes unless the provider asked for all.
+                let lb = match a.spec.lb_hosts {
+                    LbHosts::Owned => owned.clone(),
+                    LbHosts::All => {
+                        base.for_provider(&a.provider, base.nodes.clone(), config, label)
+                    }
+                };
+                (owned, lb)
+            })
+            .collect();
         let mut handles = Vec::new();
         for name in self.settings.selection.enabled() {
-            let ctx = ctx
-                .for_controller(name.canonical)
-                .with_client(client(name.client)?);
-            match start_controller(name, &ctx, &self.args) {
-                Ok(Some(handle)) => {
-                    tracing::info!(controller = name.canonical, "started");
-                    handles.push((name, handle));
+            for (a, (owned, lb)) in self.active.iter().zip(&scoped) {
+                let scope = if name.canonical == controllers::service::NAME {
+                    lb
+                } else {
+                    owned
+                };
+                let ctx = scope
+                    .for_controller(name.canonical)
+                    .with_client(client(name.client)?);
+                let span = if several {
+                    tracing::info_span!("provider", provider = %a.spec.name)
+                } else {
+                    tracing::Span::none()
+                };
+                let started = {
+                    let _entered = span.enter();
+                    start_controller(name, &ctx, &self.args)
+                };
+                match started {
+                    Ok(Some(handle)) => {
+                        tracing::info!(
+                            controller = name.canonical,
+                            provider = a.spec.name,
+                            "started"
+                        );
+                        handles.push((name, handle));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("error: starting {}: {e}", name.canonical);
+                        self.stop.cancel();
+                        return Err(EXIT_FATAL);
+                    }
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    eprintln!("error: starting {}: {e}", name.canonical);
-                    self.stop.cancel();
-                    return Err(EXIT_FATAL);
-                }
+            }
+            // Beyond upstream, with ownership enforced: unclaimed nodes waiting for
+            // initialisation are offered to the providers in order (controllers::node_ownership).
+            if name.canonical == controllers::node::NAME && self.ownership.enforced() {
+                let ctx = base
+                    .for_controller(controllers::node_ownership::NAME)
+                    .with_client(client(name.client)?);
+                let providers = self
+                    .active
+                    .iter()
+                    .map(|a| a.provider.for_caller(controllers::node_ownership::NAME))
+                    .collect();
+                handles.push((
+                    name,
+                    tokio::spawn(controllers::node_ownership::run(
+                        ctx,
+                        self.ownership.clone(),
+                        providers,
+                    )),
+                ));
             }
         }
         for (name, _) in &handles {
@@ -413,7 +588,7 @@ fn start_controller(
         -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>|
      -> Result<Option<JoinHandle<()>>, String> {
         match check(ctx) {
-            Ok(()) => Ok(Some(tokio::spawn(run(ctx.clone())))),
+            Ok(()) => Ok(Some(tokio::spawn(run(ctx.clone()).in_current_span()))),
             Err(not_started) => {
                 tracing::warn!(controller = name.canonical, "not started: {not_started}");
                 Ok(None)
@@ -432,10 +607,9 @@ fn start_controller(
         }),
         controllers::route::NAME => {
             match controllers::route::check(ctx, args.configure_cloud_routes, &args.cluster_cidr) {
-                Ok(cidrs) => Ok(Some(tokio::spawn(controllers::route::run(
-                    ctx.clone(),
-                    cidrs,
-                )))),
+                Ok(cidrs) => Ok(Some(tokio::spawn(
+                    controllers::route::run(ctx.clone(), cidrs).in_current_span(),
+                ))),
                 Err(Ok(not_started)) => {
                     tracing::warn!(controller = name.canonical, "not started: {not_started}");
                     Ok(None)
@@ -468,9 +642,9 @@ pub fn provider_options(settings: &RunSettings) -> ProviderOptions {
     }
 }
 
-/// `--cloud-config`, read (for the factory and the reload watch).
-fn read_cloud_config(args: &RunArgs) -> Result<Option<cloud_config::ConfigFile>, String> {
-    Ok(match &args.cloud_config {
+/// A provider's `--cloud-config`, read (for the factory and the reload watch).
+fn read_cloud_config(path: Option<&Path>) -> Result<Option<cloud_config::ConfigFile>, String> {
+    Ok(match path {
         Some(path) => {
             // The file's identity before its bytes: a change in between is seen at the first
             // look of the reload watch.
@@ -483,32 +657,65 @@ fn read_cloud_config(args: &RunArgs) -> Result<Option<cloud_config::ConfigFile>,
     })
 }
 
-fn build_provider(
+type Built = (Vec<Active>, Vec<Option<cloud_config::ConfigFile>>);
+
+/// The providers an embedder built, matched to `--cloud-provider` by name and order.
+fn adopt_providers(settings: &RunSettings, given: Vec<Provider>) -> Result<Built, String> {
+    let specs = &settings.providers.providers;
+    let names: Vec<&str> = given.iter().map(|p| p.registered_name()).collect();
+    let wanted: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    if names != wanted {
+        return Err(format!(
+            "the embedder built the providers {names:?} for --cloud-provider {wanted:?}"
+        ));
+    }
+    let mut active = Vec::new();
+    let mut files = Vec::new();
+    for (provider, spec) in given.into_iter().zip(specs) {
+        files.push(read_cloud_config(spec.cloud_config.as_deref())?);
+        active.push(Active {
+            provider,
+            spec: spec.clone(),
+        });
+    }
+    Ok((active, files))
+}
+
+fn build_providers(
     args: &RunArgs,
     settings: &RunSettings,
     max_log_level: u8,
-) -> Result<(Provider, Option<cloud_config::ConfigFile>), String> {
+) -> Result<Built, String> {
     let registry = PluginRegistry::load_dirs(
         &args.plugins.plugin_dirs,
         &args.plugins.loader_options(max_log_level),
     )
     .map_err(|e| e.to_string())?;
-    let config = read_cloud_config(args)?;
     let options = provider_options(settings);
-    let provider = registry
-        .create(
-            &args.cloud_provider,
-            config.as_ref().map(cloud_config::ConfigFile::bytes),
-            &options,
-        )
-        .map_err(|e| e.to_string())?;
-    tracing::info!(
-        provider = provider.registered_name(),
-        plugin = %provider.plugin_path().display(),
-        capabilities = ?provider.capabilities().names(),
-        "cloud provider ready"
-    );
-    Ok((provider, config))
+    let mut active = Vec::new();
+    let mut files = Vec::new();
+    for spec in &settings.providers.providers {
+        let config = read_cloud_config(spec.cloud_config.as_deref())?;
+        let provider = registry
+            .create(
+                &spec.name,
+                config.as_ref().map(cloud_config::ConfigFile::bytes),
+                &options,
+            )
+            .map_err(|e| e.to_string())?;
+        tracing::info!(
+            provider = provider.registered_name(),
+            plugin = %provider.plugin_path().display(),
+            capabilities = ?provider.capabilities().names(),
+            "cloud provider ready"
+        );
+        files.push(config);
+        active.push(Active {
+            provider,
+            spec: spec.clone(),
+        });
+    }
+    Ok((active, files))
 }
 
 /// The daemon's API clients (see [`KubeClients`]): from `--kubeconfig` (else in-cluster, then

@@ -42,9 +42,11 @@ pub struct HealthProbe {
 
 impl HealthProbe {
     /// Start probing `provider` every `period` (a 1.0 plugin is never probed: `None`) until
-    /// `stop`; the answers become the `cloud-provider` check of `health`.
+    /// `stop`; the answers become the check `name` of `health` ([`CHECK`], or
+    /// `cloud-provider-<name>` when several providers run).
     pub fn start(
         provider: &Provider,
+        name: &str,
         period: Duration,
         health: &Health,
         stop: &CancellationToken,
@@ -53,6 +55,7 @@ impl HealthProbe {
             return None;
         }
         let answer = Arc::new(Mutex::new(Answer::Pending));
+        let check_name = name.to_string();
         let name = provider.registered_name().to_string();
         let check = {
             let answer = answer.clone();
@@ -66,7 +69,7 @@ impl HealthProbe {
                 },
             )
         };
-        health.add_ready_check(CHECK, check.clone());
+        health.add_ready_check(&check_name, check.clone());
         let probe = HealthProbe {
             wake: Arc::new(Notify::new()),
         };
@@ -93,15 +96,15 @@ impl HealthProbe {
                         if offered {
                             tracing::info!(
                                 provider = provider.registered_name(),
-                                "the cloud provider offers no health probe; /readyz has no {CHECK} check"
+                                "the cloud provider offers no health probe; /readyz has no {check_name} check"
                             );
-                            health.remove_ready_check(CHECK);
+                            health.remove_ready_check(&check_name);
                             offered = false;
                         }
                     }
                     Some(next) => {
                         if !offered {
-                            health.add_ready_check(CHECK, check.clone());
+                            health.add_ready_check(&check_name, check.clone());
                             offered = true;
                         }
                         let mut last = answer.lock().unwrap_or_else(|p| p.into_inner());
@@ -112,7 +115,7 @@ impl HealthProbe {
                             ),
                             (prev, Answer::Unhealthy(why)) if prev != &next => tracing::warn!(
                                 provider = provider.registered_name(),
-                                "cloud provider health probe failed: {why}; /readyz/{CHECK} fails until it passes"
+                                "cloud provider health probe failed: {why}; /readyz/{check_name} fails until it passes"
                             ),
                             _ => {}
                         }

@@ -250,9 +250,13 @@ impl ServiceController {
             cache: Mutex::default(),
             last_synced: Mutex::default(),
             ensured: Mutex::default(),
-            service_queue: WorkQueue::new("service", MIN_RETRY_DELAY, MAX_RETRY_DELAY)
-                .with_metrics(&ctx.metrics.workqueue),
-            node_queue: WorkQueue::new("node", MIN_RETRY_DELAY, MAX_RETRY_DELAY)
+            service_queue: WorkQueue::new(
+                &ctx.queue_name("service"),
+                MIN_RETRY_DELAY,
+                MAX_RETRY_DELAY,
+            )
+            .with_metrics(&ctx.metrics.workqueue),
+            node_queue: WorkQueue::new(&ctx.queue_name("node"), MIN_RETRY_DELAY, MAX_RETRY_DELAY)
                 .with_metrics(&ctx.metrics.workqueue),
             ctx,
         }))
@@ -385,11 +389,15 @@ impl ServiceController {
         let mut tasks = JoinSet::new();
         for _ in 0..self.workers {
             let this = self.clone();
-            tasks.spawn(async move { while this.process_next_service_item().await.is_some() {} });
+            crate::controllers::spawn_in_span(&mut tasks, async move {
+                while this.process_next_service_item().await.is_some() {}
+            });
         }
         {
             let this = self.clone();
-            tasks.spawn(async move { while this.process_next_node_item().await {} });
+            crate::controllers::spawn_in_span(&mut tasks, async move {
+                while this.process_next_node_item().await {}
+            });
         }
 
         let mut resync = tokio::time::interval(SERVICE_SYNC_PERIOD);

@@ -1,0 +1,231 @@
+//! The node-ownership controller (beyond upstream, which runs one provider and so never asks
+//! whose a node is; hybrid clusters, KEP-5778, docs/hybrid-clusters.md). It runs only when node
+//! ownership is enforced (several providers, or `--cloud-provider-platforms`), next to the
+//! cloud-node controllers, under their name and client.
+//!
+//! A node that waits for initialisation (it has the `node.cloudprovider.kubernetes.io/
+//! uninitialized` taint) but names no owner (no providerID, no `topology.kubernetes.io/platform`
+//! label or `cloudprovider.kubernetes.io/platform` annotation) is *unclaimed*: no provider's
+//! cloud-node controller sees it. This controller asks the providers in `--cloud-provider` order
+//! whether they know the node (InstancesV2 `InstanceExists`, else Instances `InstanceID` by node
+//! name) and labels it with the platform of the first that does; that provider's cloud-node
+//! controller then initialises it.
+//!
+//! - An error from a provider stops the round (a later provider must not win because an earlier
+//!   one could not answer): a `NodeOwnershipUnknown` Warning event, and the node is asked about
+//!   again with a per-node back-off (1 s doubling to 5 min).
+//! - No provider knows it: a `NoCloudProviderClaimsNode` Warning event; the node stays tainted
+//!   and untouched and is asked about again with the same back-off (its instance may appear).
+//! - A claim is a `CloudProviderClaimedNode` Normal event naming the provider and the label.
+//!
+//! Nodes without the taint are never claimed: a node that is not waiting for a cloud provider
+//! (kwok, virtual kubelet, a kubelet without `--cloud-provider=external`) stays foreign.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::broadcast;
+
+use super::ControllerContext;
+use crate::events::{node_ref, EventRecorder, EventType};
+use crate::informer::Change;
+use crate::ownership::{Owner, Ownership, PLATFORM_LABEL};
+use crate::patches::{is_not_found, patch_node_labels};
+use crate::provider::Provider;
+use crate::well_known::UNINITIALIZED_TAINT;
+use crate::workqueue::WorkQueue;
+
+/// Controller name (calls, logs, the work queue).
+pub const NAME: &str = "node-ownership-controller";
+/// Event reason of a claim.
+pub const CLAIMED_REASON: &str = "CloudProviderClaimedNode";
+/// Event reason when no provider knows the node.
+pub const UNCLAIMED_REASON: &str = "NoCloudProviderClaimsNode";
+/// Event reason when a provider could not answer.
+pub const UNKNOWN_REASON: &str = "NodeOwnershipUnknown";
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+const WORKERS: usize = 4;
+
+/// Is `node` waiting for a cloud provider to initialise it?
+fn waits_for_initialisation(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+}
+
+/// What the providers said about one node.
+enum Verdict {
+    /// Provider index that knows it.
+    Known(usize),
+    /// Provider name and its error.
+    Unknown(String, String),
+    /// Nobody knows it.
+    Nobody,
+}
+
+/// Run until `ctx.stop`: `ctx.nodes` must be the shared informer of every node.
+pub async fn run(ctx: ControllerContext, ownership: Ownership, providers: Vec<Provider>) {
+    let mut changes = ctx.nodes.subscribe();
+    tokio::select! {
+        _ = ctx.stop.cancelled() => return,
+        synced = ctx.nodes.wait_synced() => if !synced { return },
+    }
+    let queue: WorkQueue<String> = WorkQueue::new("NodeOwnership", BACKOFF_BASE, BACKOFF_MAX)
+        .with_metrics(&ctx.metrics.workqueue);
+    let candidate = {
+        let ownership = ownership.clone();
+        move |n: &Node| ownership.owner(n) == Owner::Unclaimed && waits_for_initialisation(n)
+    };
+    let enqueue_all = |queue: &WorkQueue<String>| {
+        for n in ctx.nodes.list() {
+            if candidate(&n) {
+                if let Some(name) = &n.metadata.name {
+                    queue.add(name.clone());
+                }
+            }
+        }
+    };
+    enqueue_all(&queue);
+    let recorder = Arc::new(ctx.recorder(NAME));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WORKERS {
+        let (queue, ctx, ownership, providers, recorder) = (
+            queue.clone(),
+            ctx.clone(),
+            ownership.clone(),
+            providers.clone(),
+            recorder.clone(),
+        );
+        crate::controllers::spawn_in_span(&mut tasks, async move {
+            while let Some(name) = queue.get().await {
+                let retry = tokio::select! {
+                    _ = ctx.stop.cancelled() => { queue.done(&name); break; }
+                    r = claim(&ctx, &ownership, &providers, &recorder, &name) => r,
+                };
+                if retry {
+                    queue.add_rate_limited(name.clone());
+                } else {
+                    queue.forget(&name);
+                }
+                queue.done(&name);
+            }
+        });
+    }
+    loop {
+        let change = tokio::select! {
+            _ = ctx.stop.cancelled() => break,
+            c = changes.recv() => c,
+        };
+        match change {
+            Ok(Change::Added(n) | Change::Updated { new: n, .. }) => {
+                if candidate(&n) {
+                    if let Some(name) = &n.metadata.name {
+                        queue.add(name.clone());
+                    }
+                }
+            }
+            Ok(Change::Deleted(_)) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => enqueue_all(&queue),
+            Err(broadcast::error::RecvError::Closed) => break,
+        }
+    }
+    queue.shutdown();
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One round for node `name`; true when it must be asked about again later.
+async fn claim(
+    ctx: &ControllerContext,
+    ownership: &Ownership,
+    providers: &[Provider],
+    recorder: &EventRecorder,
+    name: &str,
+) -> bool {
+    let Some(node) = ctx.nodes.store().get(name) else {
+        return false;
+    };
+    if ownership.owner(&node) != Owner::Unclaimed || !waits_for_initialisation(&node) {
+        return false;
+    }
+    match ask(providers, &node).await {
+        Verdict::Known(i) => {
+            let value = ownership.label_value(i).to_string();
+            let provider = &ownership.names()[i];
+            let labels = BTreeMap::from([(PLATFORM_LABEL.to_string(), value.clone())]);
+            match patch_node_labels(&ctx.client, name, &labels).await {
+                Ok(()) => {
+                    let message = format!(
+                        "cloud provider {provider} knows this node: labelled {PLATFORM_LABEL}={value}, so {provider} initialises it"
+                    );
+                    tracing::info!(node = name, provider = provider.as_str(), "{message}");
+                    recorder.publish(node_ref(&node), EventType::Normal, CLAIMED_REASON, message);
+                    false
+                }
+                Err(e) if is_not_found(&e) => false,
+                Err(e) => {
+                    tracing::warn!(
+                        node = name,
+                        "cannot label the node for cloud provider {provider}: {e}"
+                    );
+                    true
+                }
+            }
+        }
+        Verdict::Unknown(provider, why) => {
+            let message = format!(
+                "cannot tell which cloud provider owns this node: {provider} could not answer ({why}); asking again later"
+            );
+            tracing::warn!(node = name, provider = provider.as_str(), "{message}");
+            recorder.publish(node_ref(&node), EventType::Warning, UNKNOWN_REASON, message);
+            true
+        }
+        Verdict::Nobody => {
+            let message = format!(
+                "no active cloud provider ({}) knows this node, so it stays uninitialised: set its spec.providerID \
+                 or the label {PLATFORM_LABEL}, or run the provider that owns it",
+                ownership.names().join(", ")
+            );
+            tracing::warn!(node = name, "{message}");
+            recorder.publish(
+                node_ref(&node),
+                EventType::Warning,
+                UNCLAIMED_REASON,
+                message,
+            );
+            true
+        }
+    }
+}
+
+/// Ask the providers in order whether they know `node`; the first "yes" wins, the first error
+/// ends the round.
+async fn ask(providers: &[Provider], node: &Node) -> Verdict {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    for (i, provider) in providers.iter().enumerate() {
+        let caps = provider.capabilities();
+        let known = if caps.instances_v2 {
+            provider.instance_exists(node).await
+        } else if caps.instances {
+            match provider.instance_id(name).await {
+                Ok(_) => Ok(true),
+                Err(e) if e.is_not_found() => Ok(false),
+                Err(e) => Err(e),
+            }
+        } else {
+            // A provider without instances cannot own nodes.
+            continue;
+        };
+        match known {
+            Ok(true) => return Verdict::Known(i),
+            Ok(false) => {}
+            Err(e) => {
+                return Verdict::Unknown(provider.registered_name().to_string(), e.to_string())
+            }
+        }
+    }
+    Verdict::Nobody
+}
