@@ -37,6 +37,10 @@ pub const PROVIDED_NODE_IP_ANNOTATION: &str = "alpha.kubernetes.io/provided-node
 /// kubectl's client-side apply record: a copy of the whole object in an annotation.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// Beyond upstream, with several providers in one host (hybrid clusters): the provider whose
+/// load balancer a Service has, written with the cleanup finalizer.
+pub const LB_PROVIDER_ANNOTATION: &str = "ccm-host/load-balancer-provider";
+
 // Finalizers.
 
 /// The finalizer that keeps a Service until its load balancer is gone.

@@ -66,7 +66,7 @@ use crate::events::{service_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_not_found, patch_service_status};
 use crate::provider::Throttled;
-use crate::well_known::LB_CLEANUP_FINALIZER;
+use crate::well_known::{LB_CLEANUP_FINALIZER, LB_PROVIDER_ANNOTATION};
 use crate::workqueue::WorkQueue;
 
 pub use predicates::ClassPolicy;
@@ -291,6 +291,25 @@ impl ServiceController {
             .publish(service_ref(svc), type_, reason, message);
     }
 
+    /// Whether this controller's provider is the one to act on `svc` at all. One provider:
+    /// always. Several (hybrid clusters): the provider the Service's
+    /// [`LB_PROVIDER_ANNOTATION`] names, else the one its class (or classlessness) maps to; so
+    /// no provider ever cleans up, or drops the finalizer of, another provider's load balancer.
+    fn responsible(&self, svc: &Service) -> bool {
+        let Some(me) = self.ctx.provider_label.as_deref() else {
+            return true;
+        };
+        match svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LB_PROVIDER_ANNOTATION))
+        {
+            Some(owner) => owner == me,
+            None => self.policy.claims(svc),
+        }
+    }
+
     fn cluster(&self) -> &str {
         &self.ctx.config.cluster_name
     }
@@ -303,13 +322,15 @@ impl ServiceController {
         // removing the finalizer and clearing the status, or after a failed status patch), and
         // upstream never looks at it again; the delete branch of its sync clears the status.
         // Found by the reliability soak.
-        if self.policy.wants_load_balancer(svc) || needs_cleanup(svc) || stale_lb_status(svc) {
+        if (self.policy.wants_load_balancer(svc) || needs_cleanup(svc) || stale_lb_status(svc))
+            && self.responsible(svc)
+        {
             self.service_queue.add(service_key(svc));
         }
     }
 
     fn on_service_updated(&self, old: &Service, new: &Service) {
-        if needs_update(&self.policy, old, new) || needs_cleanup(new) {
+        if (needs_update(&self.policy, old, new) || needs_cleanup(new)) && self.responsible(new) {
             self.service_queue.add(service_key(new));
         }
     }
@@ -320,7 +341,9 @@ impl ServiceController {
             // replay at start (a service entering the trimmed cache also arrives as Added, and
             // upstream queues nothing for an ingress appearing on a non-LoadBalancer service).
             Change::Added(svc) => {
-                if self.policy.wants_load_balancer(svc) || needs_cleanup(svc) {
+                if (self.policy.wants_load_balancer(svc) || needs_cleanup(svc))
+                    && self.responsible(svc)
+                {
                     self.service_queue.add(service_key(svc));
                 }
             }
@@ -358,7 +381,7 @@ impl ServiceController {
     /// Upstream's 30 s service resync: old == new, so only services needing cleanup re-queue.
     fn resync_services(&self) {
         for svc in self.ctx.services.list() {
-            if needs_cleanup(&svc) {
+            if needs_cleanup(&svc) && self.responsible(&svc) {
                 self.service_queue.add(service_key(&svc));
             }
         }
@@ -533,7 +556,7 @@ impl ServiceController {
 
     /// Delete the load balancer of a cached service that is gone (or was re-created).
     async fn process_load_balancer_delete(&self, svc: &Service) -> Result<(), SyncError> {
-        if !self.policy.wants_load_balancer(svc) {
+        if !self.policy.wants_load_balancer(svc) || !self.responsible(svc) {
             return Ok(());
         }
         self.event(
@@ -573,6 +596,10 @@ impl ServiceController {
         svc: Service,
         key: &str,
     ) -> Result<(), SyncError> {
+        if !self.responsible(&svc) {
+            // Another provider's Service (hybrid clusters): not ours to touch.
+            return Ok(());
+        }
         if let Some(cached) = self.cached_service(key) {
             if cached.metadata.uid != svc.metadata.uid {
                 // Deleted and re-created (without the finalizer) between two syncs.
@@ -756,7 +783,15 @@ impl ServiceController {
         if has_lb_finalizer(svc) {
             return Ok(());
         }
-        let body = json!({"metadata": {"finalizers": [LB_CLEANUP_FINALIZER]}});
+        let body = match &self.ctx.provider_label {
+            // Several providers: the Service also records whose load balancer it gets, so the
+            // cleanup after a type change (which clears the class) is that provider's alone.
+            Some(provider) => json!({"metadata": {
+                "finalizers": [LB_CLEANUP_FINALIZER],
+                "annotations": {LB_PROVIDER_ANNOTATION: provider.as_ref()},
+            }}),
+            None => json!({"metadata": {"finalizers": [LB_CLEANUP_FINALIZER]}}),
+        };
         patch_service_status(&self.ctx.client, svc, &body)
             .await
             .map(|_| ())
@@ -826,7 +861,7 @@ impl ServiceController {
 
     /// Upstream `nodeSyncService`: true when the service must be retried.
     async fn node_sync_service(&self, svc: &Service) -> bool {
-        if !self.policy.wants_load_balancer(svc) {
+        if !self.policy.wants_load_balancer(svc) || !self.responsible(svc) {
             return false;
         }
         let key = service_key(svc);

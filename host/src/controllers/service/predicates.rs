@@ -54,6 +54,18 @@ impl ClassPolicy {
             Some(class) => self.classes.iter().any(|c| c == class),
         }
     }
+
+    /// Whether the class of `svc` (or its lack of one) is this policy's, whatever its type.
+    pub fn claims(&self, svc: &Service) -> bool {
+        match svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.load_balancer_class.as_deref())
+        {
+            None => !self.ignore_classless,
+            Some(class) => self.classes.iter().any(|c| c == class),
+        }
+    }
 }
 
 /// Whether `svc` carries the load-balancer cleanup finalizer.
