@@ -354,8 +354,8 @@ async fn a_load_balancer_service_becomes_an_nlb_that_follows_the_nodes_and_leave
         );
         assert_eq!(tags.get("team").map(String::as_str), Some("shop"), "{arn}");
     }
-    // The host-set read-back (ABI 1.1 load_balancer_hosts; the host does not call it yet, so
-    // through the crate in-process, with the same config).
+    // The host-set read-back (ABI 1.1 load_balancer_hosts; only `ccm-host check` calls it, so
+    // here through the crate in-process, with the same config).
     let cloud = in_process(&env).await;
     let hosts = tokio::task::spawn_blocking(move || {
         use ccm_provider_abi::sdk::CloudProvider;
