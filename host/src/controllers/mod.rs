@@ -109,6 +109,11 @@ pub struct ControllerContext {
     /// The provider's name when several run (hybrid clusters): it is appended to the event
     /// source component and the work-queue names, so each provider's controllers stay apart.
     pub provider_label: Option<Arc<str>>,
+    /// The provider's name when node ownership is enforced (several providers, or
+    /// `--cloud-provider-platforms`): the service controller then records it on the Services it
+    /// provisions and acts only on its own (`service::ServiceController::responsible`), so
+    /// neither another provider in this host nor another host drops its finalizer.
+    pub lb_provider: Option<Arc<str>>,
 }
 
 impl ControllerContext {
@@ -142,24 +147,28 @@ impl ControllerContext {
             host_identity: host_identity.into(),
             stop: stop.clone(),
             provider_label: None,
+            lb_provider: None,
         }
     }
 
     /// The same context for another provider of a hybrid cluster: `nodes` are the nodes it
     /// handles (a view of the shared informer), `config` its settings, `label` its name when
-    /// several providers run. The services informer stays shared.
+    /// several providers run, `lb_provider` its name when ownership is enforced. The services
+    /// informer stays shared.
     pub fn for_provider(
         &self,
         provider: &Provider,
         nodes: SharedInformer<Node>,
         config: ControllerConfig,
         label: Option<&str>,
+        lb_provider: Option<&str>,
     ) -> Self {
         let mut ctx = self.clone();
         ctx.provider = provider.clone();
         ctx.nodes = nodes;
         ctx.config = Arc::new(config);
         ctx.provider_label = label.map(Arc::from);
+        ctx.lb_provider = lb_provider.map(Arc::from);
         ctx
     }
 

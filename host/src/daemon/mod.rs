@@ -490,13 +490,19 @@ impl Daemon {
                     base.nodes.clone()
                 };
                 let label = several.then_some(a.spec.name.as_str());
-                let owned = base.for_provider(&a.provider, nodes, config.clone(), label);
+                let lb_provider = self.ownership.enforced().then_some(a.spec.name.as_str());
+                let owned =
+                    base.for_provider(&a.provider, nodes, config.clone(), label, lb_provider);
                 // Load balancers target the owned nodes unless the provider asked for all.
                 let lb = match a.spec.lb_hosts {
                     LbHosts::Owned => owned.clone(),
-                    LbHosts::All => {
-                        base.for_provider(&a.provider, base.nodes.clone(), config, label)
-                    }
+                    LbHosts::All => base.for_provider(
+                        &a.provider,
+                        base.nodes.clone(),
+                        config,
+                        label,
+                        lb_provider,
+                    ),
                 };
                 (owned, lb)
             })

@@ -291,12 +291,13 @@ impl ServiceController {
             .publish(service_ref(svc), type_, reason, message);
     }
 
-    /// Whether this controller's provider is the one to act on `svc` at all. One provider:
-    /// always. Several (hybrid clusters): the provider the Service's
-    /// [`LB_PROVIDER_ANNOTATION`] names, else the one its class (or classlessness) maps to; so
-    /// no provider ever cleans up, or drops the finalizer of, another provider's load balancer.
+    /// Whether this controller's provider is the one to act on `svc` at all. One provider
+    /// without ownership: always (upstream). With ownership enforced (hybrid clusters, or one
+    /// host per provider): the provider the Service's [`LB_PROVIDER_ANNOTATION`] names, else
+    /// the one its class (or classlessness) maps to; so no provider ever cleans up, or drops
+    /// the finalizer of, another provider's load balancer.
     fn responsible(&self, svc: &Service) -> bool {
-        let Some(me) = self.ctx.provider_label.as_deref() else {
+        let Some(me) = self.ctx.lb_provider.as_deref() else {
             return true;
         };
         match svc
@@ -783,9 +784,10 @@ impl ServiceController {
         if has_lb_finalizer(svc) {
             return Ok(());
         }
-        let body = match &self.ctx.provider_label {
-            // Several providers: the Service also records whose load balancer it gets, so the
-            // cleanup after a type change (which clears the class) is that provider's alone.
+        let body = match &self.ctx.lb_provider {
+            // Ownership enforced (several providers, or one host per provider): the Service
+            // also records whose load balancer it gets, so the cleanup after a type change
+            // (which clears the class) is that provider's alone.
             Some(provider) => json!({"metadata": {
                 "finalizers": [LB_CLEANUP_FINALIZER],
                 "annotations": {LB_PROVIDER_ANNOTATION: provider.as_ref()},
