@@ -288,7 +288,8 @@ where
     /// A view of this informer holding only the objects `keep` accepts, with the same API: its
     /// own cache and changes, fed from this informer's (no second watch; the objects are
     /// shared). An object that stops being kept is `Deleted` from the view, one that starts
-    /// being kept is `Added`. Hybrid clusters give each provider's controllers the view of the
+    /// being kept is `Added`; one that leaves the parent's cache leaves the view the same way
+    /// (an `Updated` to the uncached version, see [`Trim`]). Hybrid clusters give each provider's controllers the view of the
     /// nodes it owns (crate::ownership).
     pub fn view(&self, keep: Keep<K>, stop: CancellationToken) -> SharedInformer<K> {
         let store = Store::default();
@@ -313,6 +314,14 @@ where
                 match change {
                     Ok(Change::Added(new) | Change::Updated { new, .. }) => {
                         let key = cache_key(new.as_ref());
+                        // An update to a version the parent no longer caches (its trim's
+                        // "leaving" update): the view passes the same on and drops it too.
+                        if parent.store().get(&key).is_none() {
+                            if let Some(old) = cache.remove(&key) {
+                                let _ = tx.send(Change::Updated { old, new });
+                            }
+                            continue;
+                        }
                         let change = if keep(&new) {
                             match cache.insert(key, new.clone()) {
                                 Some(old) if Arc::ptr_eq(&old, &new) => continue,

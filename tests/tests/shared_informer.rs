@@ -288,3 +288,77 @@ async fn a_relist_after_410_sends_the_differences_and_replaces_the_cache() {
     stop.cancel();
     server.shutdown().await;
 }
+
+/// `SharedInformer::view` (each provider's nodes in a hybrid cluster): only the kept objects,
+/// an object entering the view is `Added`, one leaving it is `Deleted`, and the parent's
+/// changes of objects outside the view send nothing.
+#[tokio::test]
+async fn a_view_keeps_what_its_filter_accepts_and_sends_entries_and_exits() {
+    let server = ApiServer::start().await.unwrap();
+    let api: Api<Service> = Api::namespaced(server.client(), NS);
+    let stop = CancellationToken::new();
+    create(&api, "mine-before", "LoadBalancer").await;
+    label(&api, "mine-before", "mine").await;
+    create(&api, "other-before", "LoadBalancer").await;
+
+    let (parent, _parent_rx) = start_synced(&server, &stop).await;
+    let view = parent.view(
+        std::sync::Arc::new(|s: &Service| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("x"))
+                .is_some_and(|v| v == "mine")
+        }),
+        stop.clone(),
+    );
+    let mut rx = view.subscribe();
+    assert!(view.wait_synced().await);
+    // The first list of the view is its cache, sent as additions to early subscribers.
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [added("mine-before", "LoadBalancer")]
+    );
+    assert_eq!(cached(&view), keys(&["mine-before"]));
+
+    // Outside the view: nothing.
+    create(&api, "other", "LoadBalancer").await;
+    label(&api, "other-before", "theirs").await;
+    // Entering: an addition; changing inside: an update; leaving: a deletion.
+    label(&api, "other", "mine").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [added("other", "LoadBalancer")]
+    );
+    set_type(&api, "other", "NodePort").await;
+    // NodePort services are not cached by the parent's trim: leaving the parent's cache is
+    // leaving the view, with the parent's update to the uncached version.
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [updated("other", "LoadBalancer", "NodePort")]
+    );
+    assert_eq!(cached(&view), keys(&["mine-before"]));
+    label(&api, "mine-before", "theirs").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [deleted("mine-before", "LoadBalancer")]
+    );
+    label(&api, "mine-before", "mine").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [added("mine-before", "LoadBalancer")]
+    );
+    assert_eq!(cached(&view), keys(&["mine-before"]));
+    assert_eq!(
+        cached(&parent),
+        keys(&["mine-before", "other-before"]),
+        "the parent keeps everything"
+    );
+    delete(&api, "mine-before").await;
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [deleted("mine-before", "LoadBalancer")]
+    );
+    assert!(cached(&view).is_empty());
+    stop.cancel();
+}
