@@ -1,13 +1,16 @@
 //! `ccm-host sandbox`: the real controllers against the in-memory API server and a provider
 //! plugin (by default the fake provider with a built-in demo cloud): no cluster needed.
 //!
-//! 1. Load the plugins, select the provider, build the scene (generated, or `--scenario FILE`)
-//!    and the cloud config (for the fake without `--cloud-config`: the demo cloud).
+//! 1. Load the plugins, select the provider (or the scenario's `providers:`, several in one
+//!    host: a hybrid cluster), build the scene (generated, or `--scenario FILE`), each
+//!    provider's cloud config (for the fake and metal without one: the demo cloud) and the
+//!    provider instances themselves.
 //! 2. Start [`kube_apiserver_inmem::ApiServer`], write a kubeconfig (also to `--kubeconfig-out`),
 //!    seed namespaces, kubelet-style nodes (with their Leases) and LoadBalancer services
 //!    (validated by the API server with a dry run first, so a bad scenario changes nothing).
-//! 3. Run the real daemon in-process ([`crate::daemon::run_until`], leader election on) with
-//!    flags built from ours plus any `ccm-host run` flags given after `--`.
+//! 3. Run the real daemon in-process with those instances
+//!    ([`crate::daemon::run_until_with_providers`], leader election on) and flags built from
+//!    ours plus any `ccm-host run` flags given after `--`.
 //! 4. Show progress until the scene converges or `--timeout` passes (stderr is teed meanwhile,
 //!    [`capture`], so the controllers' error lines can say why they stopped), let the events
 //!    settle, print the summary (the cluster's and the cloud's view; why not, first, when it did
@@ -39,12 +42,14 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::service::predicates::ClassPolicy;
+use crate::daemon::provider_set::ProviderSpec;
 use crate::daemon::{RunArgs, RunSettings};
+use crate::ownership::{Owner, Ownership};
 use crate::plugin::{LoaderOptions, PluginRegistry};
 use crate::provider::{Provider, ProviderOptions};
-use observe::{Expectations, Observation, Progress};
+use observe::{Expectations, ExpectedOwner, Observation, Progress, ProviderExpectations};
 use report::{CloudSource, ProviderInfo, ReportInput};
-use scene::{Scenario, Scene, SceneCloudConfig};
+use scene::{Scenario, Scene, SceneCloudConfig, SceneContext};
 
 /// Exit code for bad input (flags, scenario, provider).
 pub const EXIT_USAGE: i32 = 2;
@@ -110,11 +115,13 @@ pub struct SandboxArgs {
     /// Load plugin files or directories writable by group/others or owned by another user.
     #[arg(long)]
     pub allow_insecure_plugins: bool,
-    /// The provider to run.
-    #[arg(long, env = "CCM_CLOUD_PROVIDER", default_value = "fake")]
-    pub cloud_provider: String,
-    /// The provider's cloud config file. Without it the fake provider runs the built-in demo
-    /// cloud (one instance per node, an LB address pool, routes).
+    /// The provider to run [default: fake]. A scenario with `providers:` names its own
+    /// (several: a hybrid cluster).
+    #[arg(long, env = "CCM_CLOUD_PROVIDER")]
+    pub cloud_provider: Option<String>,
+    /// The provider's cloud config file. Without it the fake and metal providers run the
+    /// sandbox's demo cloud (the fake: one instance per node, an LB address pool, routes;
+    /// metal: an inventory of the nodes and an address pool).
     #[arg(long, env = "CCM_CLOUD_CONFIG")]
     pub cloud_config: Option<PathBuf>,
     /// Nodes of the generated scene.
@@ -124,7 +131,8 @@ pub struct SandboxArgs {
     /// loadBalancerClass the controllers do not own).
     #[arg(long, default_value_t = 5, conflicts_with = "scenario")]
     pub services: usize,
-    /// A scenario file (YAML): nodes, services, clusterCIDR, cloudConfig (see docs/sandbox.md).
+    /// A scenario file (YAML): nodes, services, clusterCIDR, cloudConfig, providers (see
+    /// docs/sandbox.md).
     #[arg(long, value_name = "FILE")]
     pub scenario: Option<PathBuf>,
     /// Pod network of the cluster (default: the scenario's clusterCIDR, else 10.244.0.0/16).
@@ -265,12 +273,36 @@ fn mentions(flags: &[String], flag: &str) -> bool {
         .any(|f| f == flag || f.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
 }
 
-/// The `ccm-host run` command line of the embedded daemon.
+/// One provider on the embedded daemon's command line.
+#[derive(Debug, Clone, Copy)]
+struct DaemonProvider<'a> {
+    name: &'a str,
+    cloud_config: Option<&'a Path>,
+    platforms: &'a [String],
+    load_balancer_classes: &'a [String],
+    load_balancer_hosts: Option<&'a str>,
+}
+
+impl<'a> DaemonProvider<'a> {
+    /// A provider with a config file and nothing else.
+    fn plain(name: &'a str, cloud_config: Option<&'a Path>) -> Self {
+        DaemonProvider {
+            name,
+            cloud_config,
+            platforms: &[],
+            load_balancer_classes: &[],
+            load_balancer_hosts: None,
+        }
+    }
+}
+
+/// The `ccm-host run` command line of the embedded daemon. With one provider every flag has
+/// its upstream form; with several the per-provider values name theirs (`NAME=VALUE`,
+/// `CLASS=NAME`), as `run` reads them (daemon::provider_set).
 fn daemon_argv(
     run_flags: &[String],
     plugin_dir: &Path,
-    provider: &str,
-    cloud_config: Option<&Path>,
+    providers: &[DaemonProvider<'_>],
     kubeconfig: &Path,
     cluster_cidr: &str,
     allow_insecure: bool,
@@ -290,9 +322,34 @@ fn daemon_argv(
         argv.push(b.to_string());
     };
     push("--plugin-dir", &plugin_dir.display().to_string());
-    push("--cloud-provider", provider);
-    if let Some(c) = cloud_config {
-        push("--cloud-config", &c.display().to_string());
+    let names: Vec<&str> = providers.iter().map(|p| p.name).collect();
+    push("--cloud-provider", &names.join(","));
+    let several = providers.len() > 1;
+    for p in providers {
+        let named = |value: &str| {
+            if several {
+                format!("{}={value}", p.name)
+            } else {
+                value.to_string()
+            }
+        };
+        if let Some(c) = p.cloud_config {
+            push("--cloud-config", &named(&c.display().to_string()));
+        }
+        for platform in p.platforms {
+            push("--cloud-provider-platforms", &named(platform));
+        }
+        for class in p.load_balancer_classes {
+            let value = if several {
+                format!("{class}={}", p.name)
+            } else {
+                class.clone()
+            };
+            push("--load-balancer-class", &value);
+        }
+        if let Some(hosts) = p.load_balancer_hosts {
+            push("--load-balancer-hosts", &named(hosts));
+        }
     }
     push("--kubeconfig", &kubeconfig.display().to_string());
     push("--cluster-cidr", cluster_cidr);
@@ -345,10 +402,6 @@ fn plugin_dirs(requested: &[PathBuf]) -> anyhow::Result<(Vec<PathBuf>, bool)> {
     Ok((dirs, true))
 }
 
-fn is_fake(provider: &str) -> bool {
-    matches!(provider, "fake" | "fake-v1")
-}
-
 struct Sandbox {
     args: SandboxArgs,
     max_log_level: u8,
@@ -358,8 +411,8 @@ struct Sandbox {
     scene: Scene,
     run_args: RunArgs,
     settings: RunSettings,
-    provider: Provider,
-    cloud: CloudSource,
+    /// The providers, in `--cloud-provider` order, each with where its cloud's view comes from.
+    providers: Vec<(Provider, CloudSource)>,
     expectations: Expectations,
 }
 
@@ -391,31 +444,67 @@ impl Sandbox {
             }
         };
         let duration = duration_flag("duration", &args.duration)?;
-        let provider_name = args.cloud_provider.trim().to_string();
-        if provider_name.is_empty() {
-            return Err(usage("--cloud-provider cannot be empty"));
-        }
 
-        // The scene.
-        let demo_cloud = is_fake(&provider_name) && args.cloud_config.is_none();
-        let (scenario, source) = match &args.scenario {
-            Some(path) => (
-                Scenario::read(path).map_err(usage)?,
-                format!("scenario {}", path.display()),
-            ),
-            None if demo_cloud => (
-                Scenario::generate(args.nodes, args.services),
-                format!(
-                    "generated: {} nodes, {} LoadBalancer services",
-                    args.nodes, args.services
-                ),
-            ),
-            None => (
+        // The scene, and the providers: the scenario's `providers:`, else --cloud-provider.
+        let scenario = match &args.scenario {
+            Some(path) => Some(Scenario::read(path).map_err(usage)?),
+            None => None,
+        };
+        let named: Vec<String> = scenario
+            .iter()
+            .flat_map(|s| &s.providers)
+            .map(|p| p.name.trim().to_string())
+            .collect();
+        let provider_name = if named.is_empty() {
+            let name = args.cloud_provider.as_deref().unwrap_or("fake").trim();
+            if name.is_empty() {
+                return Err(usage("--cloud-provider cannot be empty"));
+            }
+            if name.contains(',') {
+                return Err(usage(format!(
+                    "--cloud-provider {name}: several providers run from a scenario that names them \
+                     in providers:, each with the nodes of its cloud (docs/sandbox.md, hybrid clusters)"
+                )));
+            }
+            name.to_string()
+        } else {
+            let list = named.join(",");
+            if let Some(flag) = &args.cloud_provider {
+                let given: Vec<&str> = flag.split(',').map(str::trim).collect();
+                if given != named.iter().map(String::as_str).collect::<Vec<_>>() {
+                    return Err(usage(format!(
+                        "--cloud-provider {flag}: the scenario names its providers ({list}) in \
+                         providers:; leave --cloud-provider out"
+                    )));
+                }
+            }
+            if let Some(file) = &args.cloud_config {
+                return Err(usage(format!(
+                    "--cloud-config {}: the scenario names its providers ({list}); give each its \
+                     cloudConfig in providers:",
+                    file.display()
+                )));
+            }
+            named[0].clone()
+        };
+        let context = SceneContext {
+            provider: &provider_name,
+            config_file: args.cloud_config.is_some(),
+        };
+        let generated = || {
+            format!(
+                "generated: {} nodes, {} LoadBalancer services",
+                args.nodes, args.services
+            )
+        };
+        let (scenario, source) = match (scenario, &args.scenario) {
+            (Some(s), Some(path)) => (s, format!("scenario {}", path.display())),
+            _ if scene::has_demo_cloud(&provider_name) && args.cloud_config.is_none() => {
+                (Scenario::generate(args.nodes, args.services), generated())
+            }
+            _ => (
                 Scenario::generate(args.nodes, args.services).without_demo_cloud(),
-                format!(
-                    "generated: {} nodes, {} LoadBalancer services",
-                    args.nodes, args.services
-                ),
+                generated(),
             ),
         };
         if scenario.cloud_config.is_some() && args.cloud_config.is_some() {
@@ -429,10 +518,9 @@ impl Sandbox {
             None => "invalid scene".to_string(),
         };
         let scene = scenario
-            .into_scene(source, args.cluster_cidr.as_deref(), demo_cloud)
+            .into_scene(source, args.cluster_cidr.as_deref(), &context)
             .map_err(|e| usage(format!("{what}:\n{e}")))?;
-        // A scenario that gives the config file's content verbatim replaces the demo cloud.
-        let demo_cloud = demo_cloud && scene.verbatim_config().is_none();
+        let several = scene.providers.len() > 1;
 
         // Plugins and the daemon's flags.
         let work = WorkDir::create(args.work_dir.as_deref())?;
@@ -451,31 +539,63 @@ impl Sandbox {
             PluginRegistry::load_dirs(&dirs, &loader)
         }
         .map_err(|e| usage(e.to_string()))?;
-        let Some(registration) = registry.get(&provider_name) else {
-            let msg = registry
-                .create(&provider_name, None, &ProviderOptions::default())
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            return Err(usage(format!(
-                "{msg} (plugin directories: {})",
-                dirs.iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        };
+        let mut plugin_paths = Vec::new();
+        for p in &scene.providers {
+            let Some(registration) = registry.get(&p.name) else {
+                let msg = registry
+                    .create(&p.name, None, &ProviderOptions::default())
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                return Err(usage(format!(
+                    "{msg} (plugin directories: {})",
+                    dirs.iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            };
+            let path = registration.plugin_path.canonicalize()?;
+            if !plugin_paths.contains(&path) {
+                plugin_paths.push(path);
+            }
+        }
         let plugin_dir = work.join("plugins");
-        let plugin_path = registration.plugin_path.canonicalize()?;
-        prepare_plugin_dir(&plugin_dir, &plugin_path)?;
-        let config_path = work.join("cloud-config.yaml");
+        prepare_plugin_dir(&plugin_dir, &plugin_paths)?;
+        // Each provider's files: one provider keeps the names of a one-provider sandbox.
+        let file_of = |base: &str, ext: &str, name: &str| {
+            if several {
+                work.join(&format!("{base}-{name}{ext}"))
+            } else {
+                work.join(&format!("{base}{ext}"))
+            }
+        };
+        let config_paths: Vec<Option<PathBuf>> = scene
+            .providers
+            .iter()
+            .map(|p| {
+                let has_config = p.demo
+                    || p.cloud_config.is_some()
+                    || (!scene.named_providers && args.cloud_config.is_some());
+                has_config.then(|| file_of("cloud-config", ".yaml", &p.name))
+            })
+            .collect();
         let kubeconfig = work.join("kubeconfig");
-        let has_config = demo_cloud || scene.cloud_config.is_some() || args.cloud_config.is_some();
+        let daemon_providers: Vec<DaemonProvider<'_>> = scene
+            .providers
+            .iter()
+            .zip(&config_paths)
+            .map(|(p, config)| DaemonProvider {
+                load_balancer_classes: &p.load_balancer_classes,
+                platforms: &p.platforms,
+                load_balancer_hosts: p.load_balancer_hosts.as_deref(),
+                ..DaemonProvider::plain(&p.name, config.as_deref())
+            })
+            .collect();
         let argv = daemon_argv(
             &args.run_flags,
             &plugin_dir,
-            &provider_name,
-            has_config.then_some(config_path.as_path()),
+            &daemon_providers,
             &kubeconfig,
             &scene.cluster_cidr.to_string(),
             args.allow_insecure_plugins,
@@ -494,82 +614,82 @@ impl Sandbox {
             .validate()
             .map_err(|errors| usage(format!("flags after --:\n  {}", errors.join("\n  "))))?;
 
-        // The cloud config the provider gets.
-        let state_dir = work.join("cloud");
-        let config: Option<Value> = if demo_cloud {
-            Some(scene.demo_cloud_config(&settings.controllers.cluster_name, &state_dir))
-        } else if let Some(SceneCloudConfig::Mapping(overlay)) = &scene.cloud_config {
-            let config = Value::Object(overlay.clone());
-            Some(if is_fake(&provider_name) {
-                scene::with_state_dir(config, &state_dir)
-            } else {
-                config
-            })
-        } else {
-            None
-        };
-        let config_bytes: Option<Vec<u8>> = match (&config, &args.cloud_config) {
-            (Some(c), _) => Some(yaml_serde::to_string(c)?.into_bytes()),
-            (None, _) if scene.verbatim_config().is_some() => {
-                scene.verbatim_config().map(|text| text.as_bytes().to_vec())
-            }
-            (None, Some(path)) => {
-                let bytes = std::fs::read(path).map_err(|e| {
-                    usage(format!(
-                        "cannot read --cloud-config {}: {e}",
-                        path.display()
-                    ))
-                })?;
-                // The fake keeps its cloud in memory: give it a stateDir so the summary can
-                // show the cloud's view from its cloud.json.
-                Some(match yaml_serde::from_slice::<Value>(&bytes) {
-                    Ok(v @ Value::Object(_)) if is_fake(&provider_name) => {
-                        yaml_serde::to_string(&scene::with_state_dir(v, &state_dir))?.into_bytes()
-                    }
-                    _ => bytes,
-                })
-            }
-            (None, None) => None,
-        };
-        if let Some(bytes) = &config_bytes {
-            std::fs::write(&config_path, bytes)
-                .with_context(|| format!("writing {}", config_path.display()))?;
-        }
-
-        // The provider, built here with the daemon's options: an unusable provider or config is
-        // reported before anything starts, its capabilities say what to expect, and the daemon
-        // runs the controllers with this same instance (`daemon::run_until_with`), so the
-        // cloud view below asks the instance that did the work.
+        // Each provider's cloud config, then the provider, built here with the daemon's
+        // options: an unusable provider or config is reported before anything starts, its
+        // capabilities say what to expect, and the daemon runs the controllers with these same
+        // instances (`daemon::run_until_with_providers`), so the cloud view below asks the
+        // instances that did the work.
         let options = crate::daemon::provider_options(&settings);
-        let provider = registry
-            .create(&provider_name, config_bytes.as_deref(), &options)
-            .map_err(|e| usage(e.to_string()))?;
-        let cloud = if is_fake(&provider_name) {
-            let effective: Option<Value> = config_bytes
-                .as_deref()
-                .and_then(|b| yaml_serde::from_slice(b).ok());
-            match effective
-                .as_ref()
-                .and_then(|c| c.get("stateDir"))
-                .and_then(Value::as_str)
-            {
-                // The fake's own record of its cloud (with each load balancer's hosts), when
-                // it keeps one; else the calls, as for any provider.
-                _ if effective
-                    .as_ref()
-                    .and_then(|c| c.get("cloudStateFile"))
-                    .and_then(Value::as_bool)
-                    == Some(false) =>
-                {
-                    CloudSource::Provider(provider.clone())
+        let cluster_name = settings.controllers.cluster_name.clone();
+        let mut providers = Vec::new();
+        for (i, (p, config_path)) in scene.providers.iter().zip(&config_paths).enumerate() {
+            let state_dir = file_of("cloud", "", &p.name);
+            let config: Option<Value> = if p.demo && scene::is_fake(&p.name) {
+                Some(scene.fake_demo_cloud(i, &cluster_name, &state_dir))
+            } else if p.demo {
+                // metal: its inventory of the scene's nodes and an address pool.
+                let inventory_path = work.join(&format!("inventory-{}.yaml", p.name));
+                let (config, inventory) = scene.metal_demo_cloud(i, &inventory_path);
+                if let Some(inventory) = inventory {
+                    std::fs::write(&inventory_path, yaml_serde::to_string(&inventory)?)
+                        .with_context(|| format!("writing {}", inventory_path.display()))?;
                 }
-                Some(dir) => CloudSource::FakeStateFile(Path::new(dir).join("cloud.json")),
-                None => CloudSource::Provider(provider.clone()),
+                Some(config)
+            } else if let Some(SceneCloudConfig::Mapping(overlay)) = &p.cloud_config {
+                let config = Value::Object(overlay.clone());
+                Some(if scene::is_fake(&p.name) {
+                    scene::with_state_dir(config, &state_dir)
+                } else {
+                    config
+                })
+            } else {
+                None
+            };
+            let cli_file = args
+                .cloud_config
+                .as_ref()
+                .filter(|_| !scene.named_providers);
+            let config_bytes: Option<Vec<u8>> = match (&config, cli_file) {
+                (Some(c), _) => Some(yaml_serde::to_string(c)?.into_bytes()),
+                (None, _) if p.verbatim_config().is_some() => {
+                    p.verbatim_config().map(|text| text.as_bytes().to_vec())
+                }
+                (None, Some(path)) => {
+                    let bytes = std::fs::read(path).map_err(|e| {
+                        usage(format!(
+                            "cannot read --cloud-config {}: {e}",
+                            path.display()
+                        ))
+                    })?;
+                    // The fake keeps its cloud in memory: give it a stateDir so the summary can
+                    // show the cloud's view from its cloud.json.
+                    Some(match yaml_serde::from_slice::<Value>(&bytes) {
+                        Ok(v @ Value::Object(_)) if scene::is_fake(&p.name) => {
+                            yaml_serde::to_string(&scene::with_state_dir(v, &state_dir))?
+                                .into_bytes()
+                        }
+                        _ => bytes,
+                    })
+                }
+                (None, None) => None,
+            };
+            if let (Some(bytes), Some(path)) = (&config_bytes, config_path) {
+                std::fs::write(path, bytes)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
-        } else {
-            CloudSource::Provider(provider.clone())
-        };
-        let expectations = expectations(&provider, &run_args, &settings);
+            let provider = registry
+                .create(&p.name, config_bytes.as_deref(), &options)
+                .map_err(|e| {
+                    usage(if several {
+                        format!("provider {}: {e}", p.name)
+                    } else {
+                        e.to_string()
+                    })
+                })?;
+            let cloud = cloud_source(&p.name, &provider, config_bytes.as_deref());
+            providers.push((provider, cloud));
+        }
+        let expectations = expectations(&scene, &providers, &run_args, &settings)?;
         let timeout = timeout.unwrap_or_else(|| auto_timeout(&scene));
         Ok(Sandbox {
             args,
@@ -580,8 +700,7 @@ impl Sandbox {
             scene,
             run_args,
             settings,
-            provider,
-            cloud,
+            providers,
             expectations,
         })
     }
@@ -630,13 +749,24 @@ impl Sandbox {
                     "; that kubeconfig is deleted when the sandbox exits: --kubeconfig-out PATH keeps one",
             }
         );
+        let running: Vec<String> = self
+            .providers
+            .iter()
+            .map(|(p, _)| {
+                format!(
+                    "{} ({})",
+                    p.registered_name(),
+                    p.capabilities().names().join(", ")
+                )
+            })
+            .collect();
         eprintln!(
-            "sandbox: seeded {} node(s) and {} service(s) ({}); running the controllers with provider {} ({})",
+            "sandbox: seeded {} node(s) and {} service(s) ({}); running the controllers with provider{} {}",
             self.scene.nodes.len(),
             self.scene.services.len(),
             self.scene.source,
-            self.provider.registered_name(),
-            self.provider.capabilities().names().join(", ")
+            if running.len() > 1 { "s" } else { "" },
+            running.join(", ")
         );
 
         let interrupted = CancellationToken::new();
@@ -663,13 +793,14 @@ impl Sandbox {
                 .filter(|e| !SANDBOX_ERRORS.iter().any(|own| e.text.starts_with(own)))
                 .collect::<Vec<_>>()
         };
-        // The daemon runs the controllers with the sandbox's provider instance: one instance,
-        // initialised once (by the daemon, on leadership), whose answers the cloud view shows.
-        let mut daemon = tokio::spawn(crate::daemon::run_until_with(
+        // The daemon runs the controllers with the sandbox's provider instances: one instance
+        // each, initialised once (by the daemon, on leadership), whose answers the cloud view
+        // shows.
+        let mut daemon = tokio::spawn(crate::daemon::run_until_with_providers(
             self.run_args.clone(),
             self.max_log_level,
             shutdown.clone(),
-            self.provider.clone(),
+            self.providers.iter().map(|(p, _)| p.clone()).collect(),
         ));
         let started = Instant::now();
         let mut obs = Observation::default();
@@ -742,15 +873,20 @@ impl Sandbox {
             )
         });
 
-        // Summary.
-        let owned: Vec<Service> = obs
-            .services
-            .iter()
-            .filter(|s| self.expectations.policy.wants_load_balancer(s))
-            .cloned()
-            .collect();
-        let cloud =
-            report::cloud_view(&self.cloud, &self.settings.controllers.cluster_name, &owned).await;
+        // Summary: each provider's cloud, asked about the services it serves.
+        let mut views = Vec::new();
+        for (i, (provider, source)) in self.providers.iter().enumerate() {
+            let served: Vec<Service> = obs
+                .services
+                .iter()
+                .filter(|s| self.expectations.server_of(s) == Some(i))
+                .cloned()
+                .collect();
+            let view =
+                report::cloud_view(source, &self.settings.controllers.cluster_name, &served).await;
+            views.push((provider.registered_name().to_string(), view));
+        }
+        let cloud = report::merge_views(views);
         let lease = Api::<Lease>::namespaced(
             client.clone(),
             &self.run_args.leader_elect_resource_namespace,
@@ -766,12 +902,7 @@ impl Sandbox {
                 progress: &progress,
                 outcome: outcome.clone(),
                 elapsed_seconds: elapsed.as_secs_f64(),
-                provider: ProviderInfo {
-                    name: self.provider.registered_name().to_string(),
-                    provider_name: self.provider.provider_name().to_string(),
-                    plugin: self.provider.plugin_path().to_path_buf(),
-                    capabilities: self.provider.capabilities().names(),
-                },
+                providers: self.provider_infos(),
                 api_server: server.url(),
                 kubeconfig: self.args.kubeconfig_out.clone(),
                 lease_name: format!(
@@ -897,6 +1028,32 @@ impl Sandbox {
             ),
         }
         Ok(code)
+    }
+
+    /// What the summary says of each provider.
+    fn provider_infos(&self) -> Vec<ProviderInfo> {
+        self.providers
+            .iter()
+            .enumerate()
+            .map(|(i, (p, _))| {
+                let spec = &self.settings.providers.providers[i];
+                let exp = &self.expectations.providers[i];
+                ProviderInfo {
+                    name: p.registered_name().to_string(),
+                    provider_name: p.provider_name().to_string(),
+                    plugin: p.plugin_path().to_path_buf(),
+                    capabilities: p.capabilities().names(),
+                    platforms: self.expectations.ownership.platforms(i).to_vec(),
+                    load_balancer_classes: spec.load_balancer_classes.clone(),
+                    classless: spec.classless,
+                    expected: report::Expected {
+                        nodes: observe::on_off(&exp.nodes),
+                        routes: observe::on_off(&exp.routes),
+                        load_balancers: observe::on_off(&exp.load_balancers),
+                    },
+                }
+            })
+            .collect()
     }
 
     /// Wait until the controllers' events have reached the API server: until no event has been
@@ -1039,13 +1196,43 @@ fn why_not_converged(
     }
 }
 
-/// What to expect of the controllers given their selection, flags and the provider.
-fn expectations(provider: &Provider, run_args: &RunArgs, settings: &RunSettings) -> Expectations {
+/// Where the summary's view of a provider's cloud comes from: the fake's own record of its
+/// cloud (with each load balancer's hosts) when it keeps one, else calls to the instance the
+/// controllers use.
+fn cloud_source(name: &str, provider: &Provider, config: Option<&[u8]>) -> CloudSource {
+    if !scene::is_fake(name) {
+        return CloudSource::Provider(provider.clone());
+    }
+    let effective: Option<Value> = config.and_then(|b| yaml_serde::from_slice(b).ok());
+    let keeps_file = effective
+        .as_ref()
+        .and_then(|c| c.get("cloudStateFile"))
+        .and_then(Value::as_bool)
+        != Some(false);
+    match effective
+        .as_ref()
+        .and_then(|c| c.get("stateDir"))
+        .and_then(Value::as_str)
+    {
+        Some(dir) if keeps_file => CloudSource::FakeStateFile(Path::new(dir).join("cloud.json")),
+        _ => CloudSource::Provider(provider.clone()),
+    }
+}
+
+/// What to expect of one provider's controllers given their selection, flags and the
+/// provider's capabilities.
+fn provider_expectations(
+    provider: &Provider,
+    spec: &ProviderSpec,
+    run_args: &RunArgs,
+    settings: &RunSettings,
+) -> ProviderExpectations {
     use crate::controllers::{node, route, service};
     let caps = provider.capabilities();
     let enabled = |name: &str| settings.selection.is_enabled(name);
     let disabled = |alias: &str| format!("--controllers does not enable {alias}");
-    Expectations {
+    ProviderExpectations {
+        name: spec.name.clone(),
         nodes: if !enabled(node::NAME) {
             Err(disabled(node::ALIAS))
         } else if !caps.instances && !caps.instances_v2 {
@@ -1069,8 +1256,103 @@ fn expectations(provider: &Provider, run_args: &RunArgs, settings: &RunSettings)
         } else {
             Ok(())
         },
-        policy: ClassPolicy::from_config(&settings.controllers),
+        policy: ClassPolicy {
+            classes: spec.load_balancer_classes.clone(),
+            ignore_classless: !spec.classless,
+        },
     }
+}
+
+/// What to expect of the controllers: each provider's part, and who owns each node of the
+/// scene (crate::ownership with the platforms the daemon uses: `--cloud-provider-platforms`,
+/// else the provider's own). A node whose providerID or platform label says another owner
+/// than the cloud the scenario put it in is an input error.
+fn expectations(
+    scene: &Scene,
+    providers: &[(Provider, CloudSource)],
+    run_args: &RunArgs,
+    settings: &RunSettings,
+) -> anyhow::Result<Expectations> {
+    let specs = &settings.providers.providers;
+    let per_provider: Vec<ProviderExpectations> = providers
+        .iter()
+        .zip(specs)
+        .map(|((provider, _), spec)| provider_expectations(provider, spec, run_args, settings))
+        .collect();
+    let platforms: Vec<(String, Vec<String>)> = providers
+        .iter()
+        .zip(specs)
+        .map(|((provider, _), spec)| {
+            let list = if spec.platforms.is_empty() {
+                provider.platforms().to_vec()
+            } else {
+                spec.platforms.clone()
+            };
+            (spec.name.clone(), list)
+        })
+        .collect();
+    let ownership =
+        Ownership::new(&platforms, settings.providers.ownership_enforced).map_err(usage)?;
+    let mut problems = Vec::new();
+    let mut node_owners = Vec::with_capacity(scene.nodes.len());
+    for (i, sn) in scene.nodes.iter().enumerate() {
+        if !ownership.enforced() {
+            node_owners.push(ExpectedOwner::Provider(0));
+            continue;
+        }
+        let name = &sn.spec.name;
+        let what = match &sn.spec.provider_id {
+            Some(id) => format!("providerID {}", id.trim()),
+            None => {
+                let (key, value) = [
+                    (crate::ownership::PLATFORM_LABEL, &sn.spec.labels),
+                    (crate::ownership::PLATFORM_ANNOTATION, &sn.spec.annotations),
+                ]
+                .into_iter()
+                .find_map(|(key, map)| map.get(key).map(|v| (key, v.as_str())))
+                .unwrap_or((crate::ownership::PLATFORM_LABEL, ""));
+                format!("platform {key}={value}")
+            }
+        };
+        node_owners.push(match ownership.owner(&Scene::node_object(sn)) {
+            Owner::Provider(k) => {
+                if let Some(c) = sn.cloud.filter(|c| *c != k) {
+                    problems.push(format!(
+                        "nodes[{i}] ({name}): its {what} makes it {}'s, but its machine is in {}'s cloud{}",
+                        specs[k].name,
+                        specs[c].name,
+                        if sn.spec.provider.is_none() {
+                            format!(" (the default; add provider: {})", specs[k].name)
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+                ExpectedOwner::Provider(k)
+            }
+            Owner::Foreign => {
+                if let Some(c) = &sn.spec.provider {
+                    problems.push(format!(
+                        "nodes[{i}] ({name}).provider: {c}, but its {what} is a platform no provider of this run owns (a foreign node, left untouched); leave provider out"
+                    ));
+                }
+                ExpectedOwner::Foreign
+            }
+            Owner::Unclaimed => ExpectedOwner::Provider(sn.cloud.unwrap_or(0)),
+        });
+    }
+    if !problems.is_empty() {
+        return Err(usage(format!(
+            "invalid scene ({}):\n  {}",
+            scene.source,
+            problems.join("\n  ")
+        )));
+    }
+    Ok(Expectations {
+        providers: per_provider,
+        ownership,
+        node_owners,
+    })
 }
 
 async fn evaluate_now(sb: &Sandbox, client: &Client, obs: &mut Observation) -> Progress {
@@ -1081,20 +1363,23 @@ async fn evaluate_now(sb: &Sandbox, client: &Client, obs: &mut Observation) -> P
     observe::evaluate(&sb.scene, &sb.expectations, obs)
 }
 
-/// A directory holding only the selected provider's plugin (a symlink), for the daemon: the
+/// A directory holding only the selected providers' plugins (symlinks), for the daemon: the
 /// default directories may hold other libraries it would log about.
-fn prepare_plugin_dir(dir: &Path, plugin: &Path) -> anyhow::Result<()> {
+fn prepare_plugin_dir(dir: &Path, plugins: &[PathBuf]) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("cleaning {}", dir.display()))?;
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    let name = plugin
-        .file_name()
-        .context("plugin path without a file name")?;
-    std::os::unix::fs::symlink(plugin, dir.join(name))
-        .with_context(|| format!("linking {} into {}", plugin.display(), dir.display()))
+    for plugin in plugins {
+        let name = plugin
+            .file_name()
+            .context("plugin path without a file name")?;
+        std::os::unix::fs::symlink(plugin, dir.join(name))
+            .with_context(|| format!("linking {} into {}", plugin.display(), dir.display()))?;
+    }
+    Ok(())
 }
 
 /// Seed the scene: a dry run of every object first (the API server's own validation, so a bad
@@ -1301,8 +1586,10 @@ mod tests {
         daemon_argv(
             &run_flags.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
             Path::new("/w/plugins"),
-            "fake",
-            Some(Path::new("/w/cloud-config.yaml")),
+            &[DaemonProvider::plain(
+                "fake",
+                Some(Path::new("/w/cloud-config.yaml")),
+            )],
             Path::new("/w/kubeconfig"),
             "10.244.0.0/16",
             false,
@@ -1346,5 +1633,58 @@ mod tests {
              --cluster-cidr after -- is set by the sandbox: use `ccm-host sandbox --cluster-cidr CIDR` (before --) or clusterCIDR in the scenario"
         );
         assert!(!mentions(&["--kubeconfig-out".into()], "--kubeconfig"));
+    }
+
+    #[test]
+    fn several_providers_name_their_values_on_the_daemons_command_line() {
+        let fake_classes = vec!["example.com/fake-lb".to_string()];
+        let metal_classes = vec!["metal-lb".to_string()];
+        let metal_platforms = vec!["metal".to_string(), "bm://".to_string()];
+        let a = daemon_argv(
+            &[],
+            Path::new("/w/plugins"),
+            &[
+                DaemonProvider {
+                    load_balancer_classes: &fake_classes,
+                    ..DaemonProvider::plain("fake", Some(Path::new("/w/cloud-config-fake.yaml")))
+                },
+                DaemonProvider {
+                    load_balancer_classes: &metal_classes,
+                    platforms: &metal_platforms,
+                    load_balancer_hosts: Some("all"),
+                    ..DaemonProvider::plain("metal", Some(Path::new("/w/cloud-config-metal.yaml")))
+                },
+            ],
+            Path::new("/w/kubeconfig"),
+            "10.244.0.0/16",
+            false,
+        )
+        .unwrap();
+        let run = DaemonFlags::try_parse_from(&a).unwrap().run;
+        assert_eq!(run.cloud_provider, "fake,metal");
+        let settings = run.validate().unwrap();
+        let set = &settings.providers;
+        assert!(set.ownership_enforced);
+        let (fake, metal) = (&set.providers[0], &set.providers[1]);
+        assert_eq!(
+            fake.cloud_config.as_deref(),
+            Some(Path::new("/w/cloud-config-fake.yaml"))
+        );
+        assert_eq!(
+            metal.cloud_config.as_deref(),
+            Some(Path::new("/w/cloud-config-metal.yaml"))
+        );
+        assert_eq!(fake.load_balancer_classes, ["example.com/fake-lb"]);
+        assert_eq!(metal.load_balancer_classes, ["metal-lb"]);
+        assert!(fake.classless && !metal.classless);
+        assert_eq!(metal.platforms, ["metal", "bm://"]);
+        assert!(fake.platforms.is_empty());
+        assert_eq!(
+            (fake.lb_hosts, metal.lb_hosts),
+            (
+                crate::daemon::provider_set::LbHosts::Owned,
+                crate::daemon::provider_set::LbHosts::All
+            )
+        );
     }
 }

@@ -9,20 +9,134 @@ use kube::{Api, Client};
 
 use super::scene::Scene;
 use crate::controllers::service::predicates::{has_lb_finalizer, ClassPolicy};
-use crate::well_known::{NETWORK_UNAVAILABLE_CONDITION, UNINITIALIZED_TAINT};
+use crate::ownership::{Owner, Ownership};
+use crate::well_known::{
+    LB_PROVIDER_ANNOTATION, NETWORK_UNAVAILABLE_CONDITION, UNINITIALIZED_TAINT,
+};
 
-/// What the controllers are expected to do, from the enabled controllers, the flags and the
-/// provider's capabilities; each `Err` says why a part is not expected.
+/// What one provider's controllers are expected to do, from the enabled controllers, the flags
+/// and the provider's capabilities; each `Err` says why a part is not expected.
+#[derive(Debug, Clone)]
+pub struct ProviderExpectations {
+    /// Registered name.
+    pub name: String,
+    /// Its nodes get initialised (cloud-node controller running).
+    pub nodes: Result<(), String>,
+    /// Its nodes get a route and `NetworkUnavailable=False`.
+    pub routes: Result<(), String>,
+    /// The services it serves get a load balancer.
+    pub load_balancers: Result<(), String>,
+    /// Which services its service controller serves.
+    pub policy: ClassPolicy,
+}
+
+/// Who is expected to own a node of the scene.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpectedOwner {
+    /// The provider with this index.
+    Provider(usize),
+    /// A platform no provider owns: the node must stay untouched.
+    Foreign,
+}
+
+/// What the controllers are expected to do with the scene.
 #[derive(Debug, Clone)]
 pub struct Expectations {
-    /// Nodes get initialised (cloud-node controller running).
-    pub nodes: Result<(), String>,
-    /// Every node gets a route and `NetworkUnavailable=False`.
-    pub routes: Result<(), String>,
-    /// Services we own get a load balancer.
-    pub load_balancers: Result<(), String>,
-    /// Which services the service controller owns.
-    pub policy: ClassPolicy,
+    /// Per provider, in `--cloud-provider` order (at least one; the first is the default).
+    pub providers: Vec<ProviderExpectations>,
+    /// Who owns which node (crate::ownership, with the daemon's platforms).
+    pub ownership: Ownership,
+    /// The expected owner of each scene node, in scene order.
+    pub node_owners: Vec<ExpectedOwner>,
+}
+
+impl Expectations {
+    /// One provider that owns every node of a scene of `nodes` nodes (ownership not enforced),
+    /// as upstream runs.
+    pub fn single(provider: ProviderExpectations, nodes: usize) -> Expectations {
+        let ownership = Ownership::new(
+            &[(
+                provider.name.clone(),
+                vec![crate::ownership::platform_prefix(&provider.name)],
+            )],
+            false,
+        )
+        .expect("one provider's own platform is valid");
+        Expectations {
+            providers: vec![provider],
+            ownership,
+            node_owners: vec![ExpectedOwner::Provider(0); nodes],
+        }
+    }
+
+    /// Several providers (or one that owns only its platforms): nodes have owners to show.
+    pub fn hybrid(&self) -> bool {
+        self.providers.len() > 1 || self.ownership.enforced()
+    }
+
+    /// The provider that serves `svc` (the first whose classes take it), if any.
+    pub fn server_of(&self, svc: &Service) -> Option<usize> {
+        self.providers
+            .iter()
+            .position(|p| p.policy.wants_load_balancer(svc))
+    }
+
+    /// Who owns `node` now: a provider's name, `foreign` or `unclaimed`.
+    pub fn owner_name(&self, node: &Node) -> String {
+        if !self.ownership.enforced() {
+            return self.providers[0].name.clone();
+        }
+        match self.ownership.owner(node) {
+            Owner::Provider(i) => self.providers[i].name.clone(),
+            Owner::Foreign => "foreign".into(),
+            Owner::Unclaimed => "unclaimed".into(),
+        }
+    }
+
+    /// A part over all providers: on if any provider's is (the first reason otherwise).
+    fn any(&self, part: impl Fn(&ProviderExpectations) -> &Result<(), String>) -> bool {
+        self.providers.iter().any(|p| part(p).is_ok())
+    }
+
+    /// Node initialisation, over all providers: `on`, `off: why` (one provider), or each
+    /// provider's (`on (fake, metal)`, `on (fake); off (metal: why)`).
+    pub fn describe(&self, part: impl Fn(&ProviderExpectations) -> &Result<(), String>) -> String {
+        if let [only] = self.providers.as_slice() {
+            return on_off(part(only));
+        }
+        let on: Vec<&str> = self
+            .providers
+            .iter()
+            .filter(|p| part(p).is_ok())
+            .map(|p| p.name.as_str())
+            .collect();
+        let off: Vec<String> = self
+            .providers
+            .iter()
+            .filter_map(|p| {
+                part(p)
+                    .as_ref()
+                    .err()
+                    .map(|why| format!("{}: {why}", p.name))
+            })
+            .collect();
+        let mut parts = Vec::new();
+        if !on.is_empty() {
+            parts.push(format!("on ({})", on.join(", ")));
+        }
+        if !off.is_empty() {
+            parts.push(format!("off ({})", off.join("; ")));
+        }
+        parts.join("; ")
+    }
+}
+
+/// `on`, or `off: <why>`.
+pub fn on_off(r: &Result<(), String>) -> String {
+    match r {
+        Ok(()) => "on".into(),
+        Err(why) => format!("off: {why}"),
+    }
 }
 
 /// The cluster as listed at one moment.
@@ -216,6 +330,17 @@ pub fn ingress(svc: &Service) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The provider whose load balancer a Service has, as the service controller recorded it with
+/// the cleanup finalizer (`ccm-host/load-balancer-provider`, written when ownership is
+/// enforced).
+pub fn lb_provider(svc: &Service) -> Option<&str> {
+    svc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LB_PROVIDER_ANNOTATION))
+        .map(String::as_str)
+}
+
 /// Counters and the items still open.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Progress {
@@ -235,6 +360,10 @@ pub struct Progress {
     pub foreign_total: usize,
     /// Services of other classes still untouched.
     pub foreign_untouched: usize,
+    /// Nodes of a platform no provider owns.
+    pub foreign_nodes_total: usize,
+    /// Such nodes still as they were seeded (labels, taints, addresses, providerID).
+    pub foreign_nodes_untouched: usize,
     /// Warning events (with repeats).
     pub warnings: u64,
     /// Every item not converged, with the reason.
@@ -250,21 +379,30 @@ impl Progress {
     /// One-line status.
     pub fn line(&self, exp: &Expectations) -> String {
         let mut parts = Vec::new();
-        parts.push(match &exp.nodes {
-            Ok(()) => format!(
+        parts.push(if exp.any(|p| &p.nodes) {
+            format!(
                 "nodes initialised {}/{}",
                 self.nodes_initialised, self.nodes_total
-            ),
-            Err(_) => format!("nodes {} (not initialised: off)", self.nodes_total),
+            )
+        } else {
+            format!("nodes {} (not initialised: off)", self.nodes_total)
         });
-        parts.push(match &exp.routes {
-            Ok(()) => format!("routes {}/{}", self.routes_created, self.routes_total),
-            Err(_) => "routes off".into(),
+        parts.push(if exp.any(|p| &p.routes) {
+            format!("routes {}/{}", self.routes_created, self.routes_total)
+        } else {
+            "routes off".into()
         });
-        parts.push(match &exp.load_balancers {
-            Ok(()) => format!("LBs ensured {}/{}", self.lbs_ensured, self.lbs_total),
-            Err(_) => "LBs off".into(),
+        parts.push(if exp.any(|p| &p.load_balancers) {
+            format!("LBs ensured {}/{}", self.lbs_ensured, self.lbs_total)
+        } else {
+            "LBs off".into()
         });
+        if self.foreign_nodes_total > 0 {
+            parts.push(format!(
+                "foreign nodes untouched {}/{}",
+                self.foreign_nodes_untouched, self.foreign_nodes_total
+            ));
+        }
         if self.foreign_total > 0 {
             parts.push(format!(
                 "other-class untouched {}/{}",
@@ -276,10 +414,44 @@ impl Progress {
     }
 }
 
+/// What changed on a node since it was seeded, of what a cloud provider's controllers write
+/// (labels, taints, addresses, providerID); empty when nothing did.
+pub fn changes_since_seeded(seeded: &Node, now: &Node) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    if seeded.metadata.labels != now.metadata.labels {
+        changed.push("labels");
+    }
+    let taints = |n: &Node| -> Vec<(String, Option<String>, String)> {
+        let mut t: Vec<_> = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| (t.key.clone(), t.value.clone(), t.effect.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        t.sort();
+        t
+    };
+    if taints(seeded) != taints(now) {
+        changed.push("taints");
+    }
+    let addresses = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
+    if addresses(seeded) != addresses(now) {
+        changed.push("addresses");
+    }
+    let provider_id = |n: &Node| n.spec.as_ref().and_then(|s| s.provider_id.clone());
+    if provider_id(seeded) != provider_id(now) {
+        changed.push("providerID");
+    }
+    changed
+}
+
 /// Measure `obs` against the scene and the expectations.
 pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progress {
     let mut p = Progress {
-        nodes_total: scene.nodes.len(),
         warnings: obs
             .event_counts()
             .iter()
@@ -304,11 +476,42 @@ pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progres
         .iter()
         .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n)))
         .collect();
-    if exp.routes.is_ok() {
-        p.routes_total = scene.nodes.len();
-    }
-    for sn in &scene.nodes {
+    let several = exp.providers.len() > 1;
+    for (i, sn) in scene.nodes.iter().enumerate() {
         let name = sn.spec.name.as_str();
+        let expected = exp
+            .node_owners
+            .get(i)
+            .copied()
+            .unwrap_or(ExpectedOwner::Provider(0));
+        let owner = match expected {
+            ExpectedOwner::Provider(k) => k,
+            ExpectedOwner::Foreign => {
+                // Another platform's node: nobody here may change it.
+                p.foreign_nodes_total += 1;
+                let Some(node) = by_name.get(name) else {
+                    p.pending
+                        .push(format!("node {name}: foreign, deleted from the cluster"));
+                    continue;
+                };
+                let changed = changes_since_seeded(&Scene::node_object(sn), node);
+                if changed.is_empty() {
+                    p.foreign_nodes_untouched += 1;
+                } else {
+                    p.pending.push(format!(
+                        "node {name}: foreign (its platform is no provider's) but its {} changed{}",
+                        changed.join(", "),
+                        warning_of("Node", "", name)
+                    ));
+                }
+                continue;
+            }
+        };
+        let pe = &exp.providers[owner];
+        p.nodes_total += 1;
+        if pe.routes.is_ok() {
+            p.routes_total += 1;
+        }
         let Some(node) = by_name.get(name) else {
             p.pending.push(format!(
                 "node {name}: deleted from the cluster{}",
@@ -316,26 +519,47 @@ pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progres
             ));
             continue;
         };
+        // With ownership enforced the node must be the expected provider's.
+        let actual = if exp.ownership.enforced() {
+            exp.ownership.owner(node)
+        } else {
+            Owner::Provider(owner)
+        };
         let initialised = node_initialised(node);
-        if initialised {
-            p.nodes_initialised += 1;
-        } else if exp.nodes.is_ok() {
-            let why = if node
-                .spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .is_some_and(|id| !id.is_empty())
-            {
-                "still has the uninitialized taint"
-            } else {
-                "not initialised (no providerID, still tainted)"
-            };
-            p.pending.push(format!(
-                "node {name}: {why}{}",
+        match actual {
+            Owner::Provider(k) if k != owner => p.pending.push(format!(
+                "node {name}: owned by {}, expected {}{}",
+                exp.providers[k].name,
+                pe.name,
                 warning_of("Node", "", name)
-            ));
+            )),
+            _ if initialised => p.nodes_initialised += 1,
+            _ if pe.nodes.is_ok() => {
+                let why = if node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_deref())
+                    .is_some_and(|id| !id.is_empty())
+                {
+                    "still has the uninitialized taint"
+                } else if actual == Owner::Unclaimed {
+                    "not initialised (no providerID, still tainted), not claimed by a provider yet"
+                } else {
+                    "not initialised (no providerID, still tainted)"
+                };
+                let of = if several {
+                    format!(" (provider {})", pe.name)
+                } else {
+                    String::new()
+                };
+                p.pending.push(format!(
+                    "node {name}: {why}{of}{}",
+                    warning_of("Node", "", name)
+                ));
+            }
+            _ => {}
         }
-        if exp.routes.is_ok() {
+        if pe.routes.is_ok() {
             match node_routed(node) {
                 Some(true) => p.routes_created += 1,
                 Some(false) => p.pending.push(format!(
@@ -357,13 +581,25 @@ pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progres
                 .push(format!("service {key}: deleted from the cluster"));
             continue;
         };
-        if exp.policy.wants_load_balancer(svc) {
+        if let Some(k) = exp.server_of(svc) {
+            let pe = &exp.providers[k];
             p.lbs_total += 1;
-            if !ingress(svc).is_empty() {
-                p.lbs_ensured += 1;
-            } else if exp.load_balancers.is_ok() {
+            let recorded = lb_provider(svc).filter(|name| *name != pe.name);
+            if let Some(other) = recorded {
                 p.pending.push(format!(
-                    "service {key}: no load balancer ingress yet{}",
+                    "service {key}: its load balancer is {other}'s ({LB_PROVIDER_ANNOTATION}), but its class is {}'s",
+                    pe.name
+                ));
+            } else if !ingress(svc).is_empty() {
+                p.lbs_ensured += 1;
+            } else if pe.load_balancers.is_ok() {
+                let of = if several {
+                    format!(" (provider {})", pe.name)
+                } else {
+                    String::new()
+                };
+                p.pending.push(format!(
+                    "service {key}: no load balancer ingress yet{of}{}",
                     warning_of("Service", &spec.namespace, &spec.name)
                 ));
             }
@@ -376,6 +612,9 @@ pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progres
             }
             if !ingress(svc).is_empty() {
                 touched.push("got an ingress");
+            }
+            if lb_provider(svc).is_some() {
+                touched.push("got the ccm-host/load-balancer-provider annotation");
             }
             if touched.is_empty() {
                 p.foreign_untouched += 1;
@@ -398,11 +637,12 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    use super::super::scene::Scenario;
+    use super::super::scene::{Scenario, SceneContext};
     use super::*;
 
-    fn expectations() -> Expectations {
-        Expectations {
+    fn fake() -> ProviderExpectations {
+        ProviderExpectations {
+            name: "fake".into(),
             nodes: Ok(()),
             routes: Ok(()),
             load_balancers: Ok(()),
@@ -410,9 +650,13 @@ mod tests {
         }
     }
 
+    fn expectations() -> Expectations {
+        Expectations::single(fake(), 2)
+    }
+
     fn scene() -> Scene {
         Scenario::generate(2, 2)
-            .into_scene("t".into(), None, true)
+            .into_scene("t".into(), None, &SceneContext::FAKE)
             .unwrap()
     }
 
@@ -534,11 +778,14 @@ mod tests {
     #[test]
     fn parts_that_are_not_expected_are_not_waited_for() {
         let scene = scene();
-        let exp = Expectations {
-            routes: Err("the provider has no Routes".into()),
-            load_balancers: Err("the service controller is disabled".into()),
-            ..expectations()
-        };
+        let exp = Expectations::single(
+            ProviderExpectations {
+                routes: Err("the provider has no Routes".into()),
+                load_balancers: Err("the service controller is disabled".into()),
+                ..fake()
+            },
+            2,
+        );
         let mut obs = Observation {
             nodes: scene.node_objects(),
             services: scene.service_objects(),
@@ -555,5 +802,92 @@ mod tests {
             p.line(&exp),
             "nodes initialised 2/2  routes off  LBs off  other-class untouched 1/1  warnings 0"
         );
+    }
+
+    #[test]
+    fn nodes_are_measured_against_their_expected_owner() {
+        let scene = Scenario::parse(
+            "nodes:\n- {name: a}\n- {name: m, provider: metal}\n- {name: k, providerID: 'kwok://k'}\n\
+             providers: [{name: fake}, {name: metal}]\n",
+        )
+        .unwrap()
+        .into_scene("t".into(), None, &SceneContext::FAKE)
+        .unwrap();
+        let metal = ProviderExpectations {
+            name: "metal".into(),
+            routes: Err("the provider does not support Routes".into()),
+            policy: ClassPolicy {
+                classes: vec!["metal-lb".into()],
+                ignore_classless: true,
+            },
+            ..fake()
+        };
+        let ownership = Ownership::new(
+            &[
+                ("fake".into(), vec!["fake://".into()]),
+                ("metal".into(), vec!["metal://".into()]),
+            ],
+            true,
+        )
+        .unwrap();
+        let exp = Expectations {
+            providers: vec![fake(), metal],
+            ownership,
+            node_owners: vec![
+                ExpectedOwner::Provider(0),
+                ExpectedOwner::Provider(1),
+                ExpectedOwner::Foreign,
+            ],
+        };
+        assert!(exp.hybrid());
+        let mut obs = Observation {
+            nodes: scene.node_objects(),
+            services: vec![],
+            events: vec![],
+        };
+        let p = evaluate(&scene, &exp, &obs);
+        assert_eq!(
+            (
+                p.nodes_total,
+                p.routes_total,
+                p.foreign_nodes_total,
+                p.foreign_nodes_untouched
+            ),
+            (2, 1, 1, 1)
+        );
+        assert_eq!(
+            p.pending,
+            [
+                "node a: not initialised (no providerID, still tainted), not claimed by a provider yet (provider fake)",
+                "node a: no route yet (no NetworkUnavailable condition)",
+                "node m: not initialised (no providerID, still tainted), not claimed by a provider yet (provider metal)",
+            ]
+        );
+        assert_eq!(
+            p.line(&exp),
+            "nodes initialised 0/2  routes 0/1  LBs ensured 0/0  foreign nodes untouched 1/1  warnings 0"
+        );
+        assert_eq!(exp.owner_name(&obs.nodes[2]), "foreign");
+        assert_eq!(exp.owner_name(&obs.nodes[0]), "unclaimed");
+
+        // a initialised by fake, m claimed by fake instead of metal, k's taint removed.
+        for n in &mut obs.nodes {
+            let spec = n.spec.as_mut().unwrap();
+            spec.taints = None;
+            if spec.provider_id.is_none() {
+                spec.provider_id = Some(format!("fake://{}", n.metadata.name.as_deref().unwrap()));
+            }
+        }
+        let p = evaluate(&scene, &exp, &obs);
+        assert_eq!(p.nodes_initialised, 1);
+        assert_eq!(
+            p.pending,
+            [
+                "node a: no route yet (no NetworkUnavailable condition)",
+                "node m: owned by fake, expected metal",
+                "node k: foreign (its platform is no provider's) but its taints changed",
+            ]
+        );
+        assert_eq!(exp.owner_name(&obs.nodes[1]), "fake");
     }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Service};
 use serde::{Deserialize, Serialize};
 
-use super::observe::{self, Expectations, Observation, Progress};
+use super::observe::{self, Expectations, ExpectedOwner, Observation, Progress};
 use super::scene::Scene;
 use crate::provider::Provider;
 use crate::well_known::{INSTANCE_TYPE_LABEL, REGION_LABEL, ZONE_LABEL};
@@ -54,6 +54,9 @@ pub struct CloudLoadBalancer {
     /// Backend node names, when the cloud's view includes them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hosts: Option<Vec<String>>,
+    /// The provider whose cloud holds it (several providers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
 }
 
 /// A route as the cloud reports it.
@@ -67,6 +70,9 @@ pub struct CloudRoute {
     pub destination_cidr: String,
     /// The target is gone.
     pub blackhole: bool,
+    /// The provider whose cloud holds it (several providers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
 }
 
 /// The parts of the fake's `cloud.json` the summary shows (read here with serde: the host never
@@ -127,6 +133,7 @@ pub async fn cloud_view(source: &CloudSource, cluster: &str, services: &[Service
                                 name: Some(lb.name),
                                 addresses: vec![lb.load_balancer_ip],
                                 hosts: Some(lb.hosts),
+                                provider: None,
                             })
                             .collect();
                         view.routes = file
@@ -137,6 +144,7 @@ pub async fn cloud_view(source: &CloudSource, cluster: &str, services: &[Service
                                 target_node: r.target_node,
                                 destination_cidr: r.destination_cidr,
                                 blackhole: r.blackhole,
+                                provider: None,
                             })
                             .collect();
                     }
@@ -148,11 +156,26 @@ pub async fn cloud_view(source: &CloudSource, cluster: &str, services: &[Service
             }
         }
         CloudSource::Provider(provider) => {
-            view.source = format!(
-                "provider calls to {} (GetLoadBalancer, ListRoutes)",
-                provider.registered_name()
-            );
             let caps = provider.capabilities();
+            let calls: Vec<&str> = [
+                (caps.load_balancer, "GetLoadBalancer"),
+                (caps.routes, "ListRoutes"),
+            ]
+            .into_iter()
+            .filter_map(|(offered, call)| offered.then_some(call))
+            .collect();
+            view.source = if calls.is_empty() {
+                format!(
+                    "none: {} offers neither LoadBalancer nor Routes",
+                    provider.registered_name()
+                )
+            } else {
+                format!(
+                    "provider calls to {} ({})",
+                    provider.registered_name(),
+                    calls.join(", ")
+                )
+            };
             if caps.routes {
                 match provider.list_routes(cluster).await {
                     Ok(routes) => {
@@ -162,6 +185,7 @@ pub async fn cloud_view(source: &CloudSource, cluster: &str, services: &[Service
                                 target_node: r.target_node,
                                 destination_cidr: r.destination_cidr,
                                 blackhole: r.blackhole,
+                                provider: None,
                             })
                             .collect()
                     }
@@ -186,6 +210,7 @@ pub async fn cloud_view(source: &CloudSource, cluster: &str, services: &[Service
                                 .filter_map(|i| i.ip.or(i.hostname))
                                 .collect(),
                             hosts: None,
+                            provider: None,
                         }),
                         Ok(None) => {}
                         Err(e) => view.errors.push(format!("GetLoadBalancer {key}: {e}")),
@@ -202,7 +227,44 @@ pub async fn cloud_view(source: &CloudSource, cluster: &str, services: &[Service
     view
 }
 
-/// The provider the sandbox ran.
+/// The views of several providers' clouds as one: each load balancer and route names its
+/// provider, the sources and errors are prefixed by the provider's name. One view is kept as
+/// it is.
+pub fn merge_views(mut views: Vec<(String, CloudView)>) -> CloudView {
+    if views.len() == 1 {
+        return views.pop().map(|(_, v)| v).unwrap_or_default();
+    }
+    let mut merged = CloudView::default();
+    let mut sources = Vec::new();
+    for (name, view) in views {
+        sources.push(format!("{name}: {}", view.source));
+        merged
+            .errors
+            .extend(view.errors.into_iter().map(|e| format!("{name}: {e}")));
+        merged
+            .load_balancers
+            .extend(view.load_balancers.into_iter().map(|lb| CloudLoadBalancer {
+                provider: Some(name.clone()),
+                ..lb
+            }));
+        merged
+            .routes
+            .extend(view.routes.into_iter().map(|r| CloudRoute {
+                provider: Some(name.clone()),
+                ..r
+            }));
+    }
+    merged.source = sources.join("; ");
+    merged
+        .load_balancers
+        .sort_by(|a, b| a.service.cmp(&b.service));
+    merged.routes.sort_by(|a, b| {
+        (&a.target_node, &a.destination_cidr).cmp(&(&b.target_node, &b.destination_cidr))
+    });
+    merged
+}
+
+/// A provider the sandbox ran.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderInfo {
@@ -214,6 +276,14 @@ pub struct ProviderInfo {
     pub plugin: PathBuf,
     /// Capabilities, upstream names.
     pub capabilities: Vec<&'static str>,
+    /// The platforms (providerID prefixes) it owns.
+    pub platforms: Vec<String>,
+    /// The loadBalancerClasses it serves.
+    pub load_balancer_classes: Vec<String>,
+    /// It serves Services without a class.
+    pub classless: bool,
+    /// What its controllers were expected to do.
+    pub expected: Expected,
 }
 
 /// One node row.
@@ -240,6 +310,13 @@ pub struct NodeRow {
     pub initialised: bool,
     /// `NetworkUnavailable` says the route exists (None: no condition).
     pub route_created: Option<bool>,
+    /// Who owns it now: a provider's name, `foreign` (a platform no provider owns) or
+    /// `unclaimed` (no providerID or platform label yet).
+    pub owner: String,
+    /// A node expected to be foreign: whether it is still as seeded (labels, taints, addresses,
+    /// providerID).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untouched: Option<bool>,
 }
 
 /// One service row.
@@ -255,6 +332,10 @@ pub struct ServiceRow {
     pub load_balancer_class: Option<String>,
     /// Handled by these controllers.
     pub owned: bool,
+    /// The provider that serves it: the one its `ccm-host/load-balancer-provider` annotation
+    /// names, else the one of its class (no class: the default provider); none when no
+    /// provider takes its class.
+    pub provider: Option<String>,
     /// Ingress addresses.
     pub ingress: Vec<String>,
     /// Carries the load-balancer-cleanup finalizer.
@@ -307,8 +388,13 @@ pub struct Report {
     pub elapsed_seconds: f64,
     /// Where the scene came from.
     pub scene: String,
-    /// The provider.
+    /// The (default) provider.
     pub provider: ProviderInfo,
+    /// Every provider, in `--cloud-provider` order (one unless the scenario names several).
+    pub providers: Vec<ProviderInfo>,
+    /// Each provider's controllers see only the nodes it owns (several providers, or
+    /// platforms given).
+    pub ownership_enforced: bool,
     /// What the controllers were expected to do.
     pub expected: Expected,
     /// The sandbox API server's URL.
@@ -337,13 +423,6 @@ pub struct Report {
     pub not_converged: Vec<String>,
 }
 
-fn on_off(r: &Result<(), String>) -> String {
-    match r {
-        Ok(()) => "on".into(),
-        Err(why) => format!("off: {why}"),
-    }
-}
-
 fn label(node: &Node, key: &str) -> String {
     node.metadata
         .labels
@@ -365,8 +444,8 @@ pub struct ReportInput<'a> {
     pub outcome: String,
     /// Elapsed seconds.
     pub elapsed_seconds: f64,
-    /// Provider.
-    pub provider: ProviderInfo,
+    /// The providers, in order.
+    pub providers: Vec<ProviderInfo>,
     /// API server URL.
     pub api_server: String,
     /// `--kubeconfig-out`.
@@ -383,12 +462,14 @@ pub struct ReportInput<'a> {
 
 /// Build the report from the last observation and the cloud's view.
 pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Report {
+    let exp = input.expectations;
     let nodes = input
         .scene
         .nodes
         .iter()
-        .filter_map(|sn| obs.node(&sn.spec.name))
-        .map(|n| NodeRow {
+        .enumerate()
+        .filter_map(|(i, sn)| obs.node(&sn.spec.name).map(|n| (i, sn, n)))
+        .map(|(i, sn, n)| NodeRow {
             name: n.metadata.name.clone().unwrap_or_default(),
             provider_id: n
                 .spec
@@ -415,6 +496,9 @@ pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Rep
                 .unwrap_or_default(),
             initialised: observe::node_initialised(n),
             route_created: observe::node_routed(n),
+            owner: exp.owner_name(n),
+            untouched: (exp.node_owners.get(i) == Some(&ExpectedOwner::Foreign))
+                .then(|| observe::changes_since_seeded(&Scene::node_object(sn), n).is_empty()),
         })
         .collect();
     let services = input
@@ -426,7 +510,10 @@ pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Rep
             namespace: s.metadata.namespace.clone().unwrap_or_default(),
             name: s.metadata.name.clone().unwrap_or_default(),
             load_balancer_class: s.spec.as_ref().and_then(|s| s.load_balancer_class.clone()),
-            owned: input.expectations.policy.wants_load_balancer(s),
+            owned: exp.server_of(s).is_some(),
+            provider: observe::lb_provider(s)
+                .map(str::to_string)
+                .or_else(|| exp.server_of(s).map(|k| exp.providers[k].name.clone())),
             ingress: observe::ingress(s),
             finalizer: crate::controllers::service::predicates::has_lb_finalizer(s),
         })
@@ -448,11 +535,13 @@ pub fn build(input: ReportInput<'_>, obs: &Observation, cloud: CloudView) -> Rep
         reason: input.reason,
         elapsed_seconds: input.elapsed_seconds,
         scene: input.scene.source.clone(),
-        provider: input.provider,
+        provider: input.providers[0].clone(),
+        providers: input.providers,
+        ownership_enforced: exp.ownership.enforced(),
         expected: Expected {
-            nodes: on_off(&input.expectations.nodes),
-            routes: on_off(&input.expectations.routes),
-            load_balancers: on_off(&input.expectations.load_balancers),
+            nodes: exp.describe(|p| &p.nodes),
+            routes: exp.describe(|p| &p.routes),
+            load_balancers: exp.describe(|p| &p.load_balancers),
         },
         api_server: input.api_server,
         kubeconfig: input.kubeconfig,
@@ -514,6 +603,11 @@ fn or_dash(s: &str) -> String {
 }
 
 impl Report {
+    /// Several providers, or one that owns only its platforms: the tables show owners.
+    pub fn hybrid(&self) -> bool {
+        self.providers.len() > 1 || self.ownership_enforced
+    }
+
     /// The human-readable summary.
     pub fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
         writeln!(
@@ -541,14 +635,46 @@ impl Report {
                 )?;
             }
         }
-        writeln!(
-            out,
-            "  provider {} (ProviderName {}) from {}; capabilities: {}",
-            self.provider.name,
-            self.provider.provider_name,
-            self.provider.plugin.display(),
-            self.provider.capabilities.join(", ")
-        )?;
+        let hybrid = self.hybrid();
+        if hybrid {
+            writeln!(out, "  providers (the first is the default):")?;
+            for p in &self.providers {
+                let nodes = self.nodes.iter().filter(|n| n.owner == p.name).count();
+                let services = self
+                    .services
+                    .iter()
+                    .filter(|s| s.provider.as_deref() == Some(p.name.as_str()))
+                    .count();
+                let mut classes: Vec<&str> = Vec::new();
+                if p.classless {
+                    classes.push("no class");
+                }
+                classes.extend(p.load_balancer_classes.iter().map(String::as_str));
+                writeln!(
+                    out,
+                    "    {} (ProviderName {}) from {}; capabilities: {}; platforms {}; LoadBalancer classes: {}; owns {nodes} node(s), serves {services} service(s)",
+                    p.name,
+                    p.provider_name,
+                    p.plugin.display(),
+                    p.capabilities.join(", "),
+                    p.platforms.join(", "),
+                    if classes.is_empty() {
+                        "none".to_string()
+                    } else {
+                        classes.join(", ")
+                    }
+                )?;
+            }
+        } else {
+            writeln!(
+                out,
+                "  provider {} (ProviderName {}) from {}; capabilities: {}",
+                self.provider.name,
+                self.provider.provider_name,
+                self.provider.plugin.display(),
+                self.provider.capabilities.join(", ")
+            )?;
+        }
         writeln!(out, "  scene: {}", self.scene)?;
         writeln!(
             out,
@@ -571,8 +697,15 @@ impl Report {
                     (None, Some(false)) => "NO".to_string(),
                     (None, None) => "-".to_string(),
                 };
-                vec![
-                    n.name.clone(),
+                let mut row = vec![n.name.clone()];
+                if hybrid {
+                    row.push(match n.untouched {
+                        Some(true) => format!("{} (untouched)", n.owner),
+                        Some(false) => format!("{} (TOUCHED)", n.owner),
+                        None => n.owner.clone(),
+                    });
+                }
+                row.extend([
                     if n.initialised { "yes" } else { "NO" }.to_string(),
                     or_dash(&n.provider_id),
                     or_dash(&n.instance_type),
@@ -580,34 +713,33 @@ impl Report {
                     or_dash(&n.pod_cidr),
                     route,
                     n.addresses.join(" "),
-                ]
+                ]);
+                row
             })
             .collect();
-        table(
-            out,
-            &[
-                "NAME",
-                "INITIALISED",
-                "PROVIDER-ID",
-                "TYPE",
-                "ZONE",
-                "POD-CIDR",
-                "ROUTE",
-                "ADDRESSES",
-            ],
-            &rows,
-        )?;
+        let mut headers = vec!["NAME"];
+        if hybrid {
+            headers.push("OWNER");
+        }
+        headers.extend([
+            "INITIALISED",
+            "PROVIDER-ID",
+            "TYPE",
+            "ZONE",
+            "POD-CIDR",
+            "ROUTE",
+            "ADDRESSES",
+        ]);
+        table(out, &headers, &rows)?;
         writeln!(out, "\nServices ({})", self.services.len())?;
         let rows: Vec<Vec<String>> = self
             .services
             .iter()
             .map(|s| {
                 let key = format!("{}/{}", s.namespace, s.name);
-                let lb = self
-                    .cloud
-                    .load_balancers
-                    .iter()
-                    .find(|lb| lb.service == key);
+                let lb = self.cloud.load_balancers.iter().find(|lb| {
+                    lb.service == key && (lb.provider.is_none() || lb.provider == s.provider)
+                });
                 let cloud = match lb {
                     Some(lb) => match &lb.hosts {
                         Some(h) => format!(
@@ -619,15 +751,20 @@ impl Report {
                     },
                     None => "-".into(),
                 };
+                let (ours, not_ours) = if hybrid {
+                    (s.provider.clone().unwrap_or_default(), "none")
+                } else {
+                    ("yes".to_string(), "no")
+                };
                 vec![
                     key,
                     s.load_balancer_class.clone().unwrap_or_else(|| "-".into()),
                     if s.owned {
-                        "yes".into()
+                        ours
                     } else if s.finalizer || !s.ingress.is_empty() {
-                        "no (TOUCHED)".into()
+                        format!("{not_ours} (TOUCHED)")
                     } else {
-                        "no (untouched)".into()
+                        format!("{not_ours} (untouched)")
                     },
                     if s.ingress.is_empty() {
                         "<pending>".into()
@@ -640,7 +777,13 @@ impl Report {
             .collect();
         table(
             out,
-            &["SERVICE", "CLASS", "OURS", "INGRESS", "CLOUD-LB"],
+            &[
+                "SERVICE",
+                "CLASS",
+                if hybrid { "PROVIDER" } else { "OURS" },
+                "INGRESS",
+                "CLOUD-LB",
+            ],
             &rows,
         )?;
         writeln!(

@@ -1,6 +1,8 @@
 //! The scene the sandbox seeds: kubelet-style nodes and LoadBalancer services, either generated
-//! (`--nodes N --services M`) or read from a scenario file (`--scenario FILE`, YAML), and the
-//! built-in demo cloud the fake provider runs with when no cloud config is given.
+//! (`--nodes N --services M`) or read from a scenario file (`--scenario FILE`, YAML), the
+//! providers that run it (`--cloud-provider`, or the scenario's `providers:` list for a hybrid
+//! cluster), and the built-in demo clouds the fake and metal providers run with when no cloud
+//! config of their own is given.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -32,6 +34,25 @@ const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Namespaces that exist in the in-memory API server from the start.
 const BUILT_IN_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+/// The address pool of the metal provider's demo cloud (addresses are given out in this order:
+/// the /24 first, readable in a summary; the /16 for large scenes).
+pub const METAL_DEMO_POOL: [&str; 2] = ["192.0.2.0/24", "172.20.0.0/16"];
+
+/// Whether the sandbox has a built-in demo cloud for the provider `name` (the providers of this
+/// repository: the fake's programmable cloud, metal's inventory and address pool).
+pub fn has_demo_cloud(name: &str) -> bool {
+    is_fake(name) || is_metal(name)
+}
+
+/// The fake provider (`fake`, or its 1.0-style twin `fake-v1`).
+pub fn is_fake(name: &str) -> bool {
+    matches!(name, "fake" | "fake-v1")
+}
+
+/// The metal provider.
+pub fn is_metal(name: &str) -> bool {
+    name == "metal"
+}
 
 /// A scenario file (`--scenario FILE`). Every key is optional; unknown keys are errors.
 #[derive(Debug, Default, Deserialize)]
@@ -46,10 +67,34 @@ pub struct Scenario {
     /// Services of type LoadBalancer.
     #[serde(default)]
     pub services: Vec<ServiceSpec>,
-    /// The provider's cloud config: a mapping of its keys (with the fake provider laid over the
-    /// built-in demo cloud key by key, so `errors:` alone injects faults into the demo cloud), or
-    /// a string handed over verbatim.
+    /// The provider's cloud config: a mapping of its keys (with the fake and metal providers
+    /// laid over the built-in demo cloud key by key, so `errors:` alone injects faults into the
+    /// fake's demo cloud), or a string handed over verbatim. Not with `providers:`.
     pub cloud_config: Option<Value>,
+    /// Several providers in one host (a hybrid cluster, `ccm-host run --cloud-provider a,b`),
+    /// in order: the first is the default provider (it serves classless services). Empty: the
+    /// one provider of `--cloud-provider`.
+    #[serde(default)]
+    pub providers: Vec<ProviderEntry>,
+}
+
+/// One provider of a scenario's `providers:` list.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProviderEntry {
+    /// The registered provider name (`--cloud-provider`), required.
+    pub name: String,
+    /// Its cloud config, as the top-level `cloudConfig` of a one-provider scenario.
+    pub cloud_config: Option<Value>,
+    /// `--cloud-provider-platforms NAME=PLATFORM`: the providerID prefixes it owns (default:
+    /// the ones the provider declares, `<name>://` for the fake and metal).
+    #[serde(default)]
+    pub platforms: Vec<String>,
+    /// `--load-balancer-class CLASS=NAME`: the loadBalancerClasses it serves.
+    #[serde(default)]
+    pub load_balancer_classes: Vec<String>,
+    /// `--load-balancer-hosts NAME=owned|all`.
+    pub load_balancer_hosts: Option<String>,
 }
 
 /// One node of a scenario.
@@ -84,6 +129,13 @@ pub struct NodeSpec {
     /// Demo cloud only: the instance's ExternalIP.
     #[serde(rename = "externalIP")]
     pub external_ip: Option<String>,
+    /// The provider whose cloud has this node's machine (its demo cloud describes it); default:
+    /// the first provider, or none when the node has a `providerID`.
+    pub provider: Option<String>,
+    /// `spec.providerID` as registered (a kubelet's `--provider-id`, or a kwok node's); a
+    /// platform no provider owns makes the node foreign: it must stay untouched.
+    #[serde(rename = "providerID")]
+    pub provider_id: Option<String>,
 }
 
 /// A taint of a scenario node.
@@ -167,8 +219,44 @@ pub struct Scene {
     pub nodes: Vec<SceneNode>,
     /// Services in order.
     pub services: Vec<ServiceSpec>,
-    /// The scenario's `cloudConfig`.
+    /// The providers, in order (one unless the scenario has `providers:`).
+    pub providers: Vec<SceneProvider>,
+    /// The scenario names its providers (`providers:`); false: `--cloud-provider`.
+    pub named_providers: bool,
+}
+
+/// A provider of a validated scene.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SceneProvider {
+    /// Registered name.
+    pub name: String,
+    /// Its cloud config from the scenario.
     pub cloud_config: Option<SceneCloudConfig>,
+    /// It runs the sandbox's demo cloud (the scenario's mapping, if any, laid over it).
+    pub demo: bool,
+    /// `--cloud-provider-platforms` values.
+    pub platforms: Vec<String>,
+    /// `--load-balancer-class` values.
+    pub load_balancer_classes: Vec<String>,
+    /// `--load-balancer-hosts` value.
+    pub load_balancer_hosts: Option<String>,
+}
+
+/// What a scene needs to know of the run besides the scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct SceneContext<'a> {
+    /// The provider of a scenario without `providers:` (`--cloud-provider`).
+    pub provider: &'a str,
+    /// `--cloud-config FILE` was given: that file is the provider's config (no demo cloud).
+    pub config_file: bool,
+}
+
+impl SceneContext<'static> {
+    /// The fake provider with its demo cloud (the sandbox's default).
+    pub const FAKE: SceneContext<'static> = SceneContext {
+        provider: "fake",
+        config_file: false,
+    };
 }
 
 /// A scenario's `cloudConfig`.
@@ -182,13 +270,27 @@ pub enum SceneCloudConfig {
     Verbatim(String),
 }
 
-impl Scene {
+impl SceneProvider {
     /// Whether the scenario gives the config file's content verbatim.
     pub fn verbatim_config(&self) -> Option<&str> {
         match &self.cloud_config {
             Some(SceneCloudConfig::Verbatim(text)) => Some(text),
             _ => None,
         }
+    }
+}
+
+impl Scene {
+    /// The default (first) provider's verbatim config.
+    pub fn verbatim_config(&self) -> Option<&str> {
+        self.providers
+            .first()
+            .and_then(SceneProvider::verbatim_config)
+    }
+
+    /// The nodes whose machine is in the cloud of provider `index`.
+    pub fn nodes_of(&self, index: usize) -> impl Iterator<Item = &SceneNode> {
+        self.nodes.iter().filter(move |n| n.cloud == Some(index))
     }
 }
 
@@ -203,6 +305,9 @@ pub struct SceneNode {
     pub pod_cidr: IpNet,
     /// The demo cloud's InternalIP for this node (the provided IP when there is one).
     pub internal_ip: IpAddr,
+    /// The provider (index) whose cloud has the node's machine: its `provider`, else the first
+    /// provider unless the node has a providerID.
+    pub cloud: Option<usize>,
 }
 
 /// Everything wrong with a scenario, one message per problem.
@@ -244,7 +349,7 @@ impl Scenario {
     pub fn parse(text: &str) -> Result<Scenario, String> {
         if text.trim().is_empty() {
             return Err(
-                "the file is empty (expected keys nodes, services, clusterCIDR, cloudConfig)"
+                "the file is empty (expected keys nodes, services, clusterCIDR, cloudConfig, providers)"
                     .into(),
             );
         }
@@ -339,6 +444,7 @@ impl Scenario {
             nodes: node_specs,
             services: service_specs,
             cloud_config: None,
+            providers: Vec::new(),
         }
     }
 
@@ -357,12 +463,13 @@ impl Scenario {
     }
 
     /// Validate and resolve. `cluster_cidr` (the flag) wins over the scenario's `clusterCIDR`;
-    /// `demo_cloud` says whether the demo-cloud-only node fields may be used.
+    /// `ctx` names the provider of a scenario without `providers:` and says whether it runs a
+    /// demo cloud (the demo-cloud-only node fields need one).
     pub fn into_scene(
         self,
         source: String,
         cluster_cidr: Option<&str>,
-        demo_cloud: bool,
+        ctx: &SceneContext<'_>,
     ) -> Result<Scene, SceneErrors> {
         let mut errors = Vec::new();
         let (cidr_text, cidr_origin) = match (cluster_cidr, self.cluster_cidr.as_deref()) {
@@ -392,20 +499,7 @@ impl Scenario {
                 None
             }
         };
-        let cloud_config = match self.cloud_config {
-            None => None,
-            Some(Value::Object(m)) => Some(SceneCloudConfig::Mapping(m)),
-            Some(Value::String(text)) => Some(SceneCloudConfig::Verbatim(text)),
-            Some(other) => {
-                errors.push(format!(
-                    "cloudConfig: must be a mapping of the provider's configuration keys, or a string (the file's content, verbatim), got {}",
-                    json_kind(&other)
-                ));
-                None
-            }
-        };
-        // A verbatim config replaces the fake's demo cloud: its fields have no cloud to go to.
-        let demo_cloud = demo_cloud && !matches!(cloud_config, Some(SceneCloudConfig::Verbatim(_)));
+        let (providers, named_providers) = self.scene_providers(ctx, &mut errors);
 
         // Nodes: names, IPs, pod CIDRs.
         let mut names = BTreeSet::new();
@@ -453,18 +547,57 @@ impl Scenario {
                         None
                     }
                 });
-            if !demo_cloud {
+            // The provider whose cloud has the node's machine.
+            let cloud = match node.provider.as_deref().map(str::trim) {
+                Some(name) => {
+                    let found = providers.iter().position(|p| p.name == name);
+                    if found.is_none() {
+                        let names: Vec<&str> = providers.iter().map(|p| p.name.as_str()).collect();
+                        errors.push(if named_providers {
+                            format!(
+                                "{at}.provider: {name:?} is not one of the scenario's providers ({})",
+                                names.join(", ")
+                            )
+                        } else {
+                            format!(
+                                "{at}.provider: {name:?} is not the provider of this run ({}; a scenario names several in providers:)",
+                                names.join(", ")
+                            )
+                        });
+                    }
+                    found
+                }
+                None if node.provider_id.is_some() => None,
+                None => Some(0),
+            };
+            if let Some(id) = &node.provider_id {
+                if id.trim().is_empty() {
+                    errors.push(format!(
+                        "{at}.providerID: cannot be empty (leave it out: the cloud provider sets it)"
+                    ));
+                } else if id.chars().any(char::is_whitespace) {
+                    errors.push(format!("{at}.providerID: {id:?} cannot hold spaces"));
+                }
+            }
+            let demo = cloud.and_then(|k| providers.get(k)).filter(|p| p.demo);
+            if demo.is_none() {
                 for (field, set) in [
                     ("instanceType", node.instance_type.is_some()),
                     ("zone", node.zone.is_some()),
                     ("region", node.region.is_some()),
                     ("externalIP", node.external_ip.is_some()),
                 ] {
-                    if set {
-                        errors.push(format!(
-                            "{at}.{field}: only applies to the built-in demo cloud (the fake provider without --cloud-config); describe the instance in the provider's cloud config instead"
-                        ));
+                    if !set {
+                        continue;
                     }
+                    errors.push(match cloud.and_then(|k| providers.get(k)) {
+                        None if node.provider.is_none() => format!(
+                            "{at}.{field}: only applies to the built-in demo cloud, and a node with a providerID is in none unless it names its provider (provider: NAME)"
+                        ),
+                        _ => format!(
+                            "{at}.{field}: only applies to the built-in demo cloud (the fake or metal provider without --cloud-config or a string cloudConfig); describe the instance in the provider's cloud config instead"
+                        ),
+                    });
                 }
             }
             if let Some(ip) = &node.external_ip {
@@ -488,11 +621,11 @@ impl Scenario {
                     ));
                 }
             }
-            parsed.push((provided_ip, pod_cidr));
+            parsed.push((provided_ip, pod_cidr, cloud));
         }
 
         // Pod CIDRs: explicit ones must not overlap; the others get the next free range.
-        let mut pod_cidrs: Vec<Option<IpNet>> = parsed.iter().map(|(_, c)| *c).collect();
+        let mut pod_cidrs: Vec<Option<IpNet>> = parsed.iter().map(|(_, c, _)| *c).collect();
         for i in 0..pod_cidrs.len() {
             for j in 0..i {
                 if let (Some(a), Some(b)) = (pod_cidrs[i], pod_cidrs[j]) {
@@ -594,7 +727,7 @@ impl Scenario {
             return Err(SceneErrors(errors));
         }
         let cluster = cluster.expect("no errors means the cluster CIDR parsed");
-        let internal = internal_ips(&parsed.iter().map(|(ip, _)| *ip).collect::<Vec<_>>());
+        let internal = internal_ips(&parsed.iter().map(|(ip, _, _)| *ip).collect::<Vec<_>>());
         let nodes = self
             .nodes
             .into_iter()
@@ -602,11 +735,12 @@ impl Scenario {
             .zip(pod_cidrs)
             .zip(internal)
             .map(
-                |(((spec, (provided_ip, _)), pod_cidr), internal_ip)| SceneNode {
+                |(((spec, (provided_ip, _, cloud)), pod_cidr), internal_ip)| SceneNode {
                     spec,
                     provided_ip,
                     pod_cidr: pod_cidr.expect("every node got a pod CIDR"),
                     internal_ip,
+                    cloud,
                 },
             )
             .collect();
@@ -615,8 +749,114 @@ impl Scenario {
             cluster_cidr: cluster,
             nodes,
             services: self.services,
-            cloud_config,
+            providers,
+            named_providers,
         })
+    }
+
+    /// The providers of the scene: the scenario's `providers:`, else the one of `ctx` with the
+    /// top-level `cloudConfig`. Problems go to `errors`; the bool says whether the scenario
+    /// named them.
+    fn scene_providers(
+        &self,
+        ctx: &SceneContext<'_>,
+        errors: &mut Vec<String>,
+    ) -> (Vec<SceneProvider>, bool) {
+        let config = |at: &str, v: &Option<Value>, errors: &mut Vec<String>| match v {
+            None => None,
+            Some(Value::Object(m)) => Some(SceneCloudConfig::Mapping(m.clone())),
+            Some(Value::String(text)) => Some(SceneCloudConfig::Verbatim(text.clone())),
+            Some(other) => {
+                errors.push(format!(
+                    "{at}: must be a mapping of the provider's configuration keys, or a string (the file's content, verbatim), got {}",
+                    json_kind(other)
+                ));
+                None
+            }
+        };
+        // A verbatim config replaces the demo cloud: its node fields have no cloud to go to.
+        let demo = |name: &str, config: &Option<SceneCloudConfig>| {
+            has_demo_cloud(name) && !matches!(config, Some(SceneCloudConfig::Verbatim(_)))
+        };
+        if self.providers.is_empty() {
+            let cloud_config = config("cloudConfig", &self.cloud_config, errors);
+            let provider = SceneProvider {
+                name: ctx.provider.to_string(),
+                demo: !ctx.config_file && demo(ctx.provider, &cloud_config),
+                cloud_config,
+                platforms: Vec::new(),
+                load_balancer_classes: Vec::new(),
+                load_balancer_hosts: None,
+            };
+            return (vec![provider], false);
+        }
+        if self.cloud_config.is_some() {
+            errors.push(
+                "cloudConfig: with providers:, each provider has its own (providers[N].cloudConfig)"
+                    .into(),
+            );
+        }
+        let mut names = BTreeSet::new();
+        let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut providers = Vec::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let at = format!("providers[{i}]");
+            let name = p.name.trim();
+            if name.is_empty() {
+                errors.push(format!("{at}.name: required"));
+            } else if name.contains([',', '=']) || name.chars().any(char::is_whitespace) {
+                errors.push(format!(
+                    "{at}.name: {name:?} is not a provider name (no ',', '=' or spaces)"
+                ));
+            } else if !names.insert(name) {
+                errors.push(format!("{at}.name: duplicate provider {name:?}"));
+            }
+            let cloud_config = config(&format!("{at}.cloudConfig"), &p.cloud_config, errors);
+            for (j, platform) in p.platforms.iter().enumerate() {
+                if platform.trim().is_empty() {
+                    errors.push(format!("{at}.platforms[{j}]: cannot be empty"));
+                }
+            }
+            for (j, class) in p.load_balancer_classes.iter().enumerate() {
+                let class = class.trim();
+                if class.is_empty() {
+                    errors.push(format!("{at}.loadBalancerClasses[{j}]: cannot be empty"));
+                } else if class.contains('=') {
+                    errors.push(format!(
+                        "{at}.loadBalancerClasses[{j}]: {class:?} cannot hold '='"
+                    ));
+                } else if let Some(k) = classes.insert(class, i) {
+                    errors.push(if k == i {
+                        format!("{at}.loadBalancerClasses[{j}]: {class:?} is listed twice")
+                    } else {
+                        format!(
+                            "{at}.loadBalancerClasses[{j}]: {class:?} is a class of providers[{k}] ({}) already: a class has one provider",
+                            self.providers[k].name.trim()
+                        )
+                    });
+                }
+            }
+            if let Some(hosts) = &p.load_balancer_hosts {
+                if !matches!(hosts.trim(), "owned" | "all") {
+                    errors.push(format!(
+                        "{at}.loadBalancerHosts: {hosts:?} is not owned or all"
+                    ));
+                }
+            }
+            providers.push(SceneProvider {
+                name: name.to_string(),
+                demo: demo(name, &cloud_config),
+                cloud_config,
+                platforms: p.platforms.iter().map(|s| s.trim().to_string()).collect(),
+                load_balancer_classes: p
+                    .load_balancer_classes
+                    .iter()
+                    .map(|s| s.trim().to_string())
+                    .collect(),
+                load_balancer_hosts: p.load_balancer_hosts.as_ref().map(|s| s.trim().to_string()),
+            });
+        }
+        (providers, true)
     }
 }
 
@@ -694,50 +934,109 @@ impl Scene {
         self.services.iter().map(service_object).collect()
     }
 
-    /// The built-in demo cloud for the fake provider: one instance per node (type, zone,
-    /// region, addresses), unknown nodes synthesised (`autoInstances`), the default LB address
-    /// pool, routes on, state written to `state_dir`. The scenario's `cloudConfig` is laid over
-    /// it key by key.
-    pub fn demo_cloud_config(&self, cluster_name: &str, state_dir: &Path) -> Value {
+    /// The built-in demo cloud of the fake provider `index`: one instance per node of its cloud
+    /// (type, zone, region, addresses, the node's providerID when it names one), unknown nodes
+    /// synthesised (`autoInstances`) when it is the only provider (with several, a node it does
+    /// not know is another's), the default LB address pool, routes on, state written to
+    /// `state_dir`. The provider's `cloudConfig` mapping is laid over it key by key.
+    pub fn fake_demo_cloud(&self, index: usize, cluster_name: &str, state_dir: &Path) -> Value {
         let instances: Vec<Value> = self
-            .nodes
-            .iter()
+            .nodes_of(index)
             .map(|n| {
-                let mut addresses =
-                    vec![json!({"type": "InternalIP", "address": n.internal_ip.to_string()})];
-                if let Some(ext) = &n.spec.external_ip {
-                    addresses.push(json!({"type": "ExternalIP", "address": ext.trim()}));
+                let mut inst = json!({"name": n.spec.name, "addresses": demo_addresses(n)});
+                for (key, v) in [
+                    ("instanceType", &n.spec.instance_type),
+                    ("zone", &n.spec.zone),
+                    ("region", &n.spec.region),
+                    ("providerID", &n.spec.provider_id),
+                ] {
+                    if let Some(v) = v {
+                        inst[key] = json!(v.trim());
+                    }
                 }
-                addresses.push(json!({"type": "Hostname", "address": n.spec.name}));
-                let mut inst = json!({"name": n.spec.name, "addresses": addresses});
+                inst
+            })
+            .collect();
+        let config = json!({
+            "autoInstances": self.providers.len() == 1,
+            "defaults": {"instanceType": "fake.medium", "zone": "fake-zone-a", "region": "fake-region-1"},
+            "instances": instances,
+            "clusters": [cluster_name],
+            "ipPool": "198.18.0.0/15",
+        });
+        with_state_dir(self.overlay(index, config), state_dir)
+    }
+
+    /// The built-in demo cloud of the metal provider `index`: its config (the inventory at
+    /// `inventory_path`, one address pool `sandbox` of [`METAL_DEMO_POOL`]) with the provider's
+    /// `cloudConfig` mapping laid over it key by key, and the inventory to write there: a
+    /// machine per node of its cloud (id = node name unless the node names its providerID; type,
+    /// zone, region, addresses). No inventory when the mapping names its own.
+    pub fn metal_demo_cloud(&self, index: usize, inventory_path: &Path) -> (Value, Option<Value>) {
+        let machines: Vec<Value> = self
+            .nodes_of(index)
+            .map(|n| {
+                let mut m = json!({"name": n.spec.name, "addresses": demo_addresses(n)});
+                match &n.spec.provider_id {
+                    Some(id) => m["providerID"] = json!(id.trim()),
+                    None => m["id"] = json!(n.spec.name),
+                }
                 for (key, v) in [
                     ("instanceType", &n.spec.instance_type),
                     ("zone", &n.spec.zone),
                     ("region", &n.spec.region),
                 ] {
                     if let Some(v) = v {
-                        inst[key] = json!(v);
+                        m[key] = json!(v.trim());
                     }
                 }
-                inst
+                m
             })
             .collect();
-        let mut config = json!({
-            "autoInstances": true,
-            "defaults": {"instanceType": "fake.medium", "zone": "fake-zone-a", "region": "fake-region-1"},
-            "instances": instances,
-            "clusters": [cluster_name],
-            "ipPool": "198.18.0.0/15",
-        });
-        if let (Value::Object(base), Some(SceneCloudConfig::Mapping(overlay))) =
-            (&mut config, &self.cloud_config)
-        {
+        let config = self.overlay(
+            index,
+            json!({
+                "inventory": inventory_path.display().to_string(),
+                "loadBalancer": {"pools": [{"name": "sandbox", "addresses": METAL_DEMO_POOL}]},
+            }),
+        );
+        let own_inventory = config.get("inventory").and_then(Value::as_str)
+            != Some(inventory_path.display().to_string().as_str());
+        (
+            config,
+            (!own_inventory).then(|| json!({ "machines": machines })),
+        )
+    }
+
+    /// `base` with provider `index`'s `cloudConfig` mapping laid over it key by key.
+    fn overlay(&self, index: usize, mut base: Value) -> Value {
+        if let (Value::Object(base), Some(SceneCloudConfig::Mapping(overlay))) = (
+            &mut base,
+            self.providers
+                .get(index)
+                .and_then(|p| p.cloud_config.as_ref()),
+        ) {
             for (k, v) in overlay {
                 base.insert(k.clone(), v.clone());
             }
         }
-        with_state_dir(config, state_dir)
+        base
     }
+
+    /// The Node object of `node` as its kubelet registers it.
+    pub fn node_object(node: &SceneNode) -> Node {
+        kubelet_node(node)
+    }
+}
+
+/// A demo cloud's addresses of a node: its InternalIP, ExternalIP (if any) and Hostname.
+fn demo_addresses(n: &SceneNode) -> Vec<Value> {
+    let mut addresses = vec![json!({"type": "InternalIP", "address": n.internal_ip.to_string()})];
+    if let Some(ext) = &n.spec.external_ip {
+        addresses.push(json!({"type": "ExternalIP", "address": ext.trim()}));
+    }
+    addresses.push(json!({"type": "Hostname", "address": n.spec.name}));
+    addresses
 }
 
 /// The Lease a kubelet keeps for its node in `kube-node-lease` (its heartbeat; `kubectl describe
@@ -845,6 +1144,7 @@ fn kubelet_node(n: &SceneNode) -> Node {
         spec: Some(K8sNodeSpec {
             pod_cidr: Some(n.pod_cidr.to_string()),
             pod_cidrs: Some(vec![n.pod_cidr.to_string()]),
+            provider_id: n.spec.provider_id.as_ref().map(|id| id.trim().to_string()),
             taints: Some(taints),
             ..Default::default()
         }),
@@ -937,10 +1237,16 @@ fn service_object(s: &ServiceSpec) -> Service {
 mod tests {
     use super::*;
 
+    /// A provider without a demo cloud.
+    const OTHER: SceneContext<'static> = SceneContext {
+        provider: "aws",
+        config_file: false,
+    };
+
     fn scene(text: &str) -> Result<Scene, Vec<String>> {
         Scenario::parse(text)
             .map_err(|e| vec![e])?
-            .into_scene("test".into(), None, true)
+            .into_scene("test".into(), None, &SceneContext::FAKE)
             .map_err(|e| e.0)
     }
 
@@ -956,7 +1262,7 @@ mod tests {
             Some("10.128.0.0/13")
         );
         let scene = Scenario::generate(2000, 10)
-            .into_scene("generated".into(), None, true)
+            .into_scene("generated".into(), None, &SceneContext::FAKE)
             .expect("2,000 generated nodes fit");
         assert_eq!(scene.cluster_cidr.to_string(), "10.128.0.0/13");
     }
@@ -964,7 +1270,7 @@ mod tests {
     #[test]
     fn generated_scene_is_valid_and_realistic() {
         let s = Scenario::generate(20, 5)
-            .into_scene("generated".into(), None, true)
+            .into_scene("generated".into(), None, &SceneContext::FAKE)
             .unwrap();
         assert_eq!(s.nodes.len(), 20);
         assert_eq!(s.services.len(), 5);
@@ -1007,7 +1313,7 @@ mod tests {
         assert_eq!(taints[0].effect, "NoSchedule");
         let other = Scenario::generate(3, 1)
             .without_demo_cloud()
-            .into_scene("g".into(), None, false)
+            .into_scene("g".into(), None, &OTHER)
             .unwrap();
         assert!(other
             .nodes
@@ -1015,7 +1321,7 @@ mod tests {
             .all(|n| n.provided_ip.is_none() && n.spec.zone.is_none()));
         // One service, one node: no foreign class, no control plane.
         let small = Scenario::generate(1, 1)
-            .into_scene("g".into(), None, true)
+            .into_scene("g".into(), None, &SceneContext::FAKE)
             .unwrap();
         assert!(small.services[0].load_balancer_class.is_none());
         assert!(small.nodes[0].spec.labels.is_empty());
@@ -1078,13 +1384,13 @@ cloudConfig: [1, 2]
         assert!(e.contains("unknown field `nodez`, expected one of"), "{e}");
         let errs = Scenario::parse("nodes:\n- {name: a, zone: z1}\n")
             .unwrap()
-            .into_scene("s".into(), None, false)
+            .into_scene("s".into(), None, &OTHER)
             .unwrap_err()
             .0;
         assert_eq!(errs.len(), 1);
         assert!(errs[0].starts_with("nodes[0].zone: only applies to the built-in demo cloud"));
         let errs = Scenario::default()
-            .into_scene("s".into(), Some("10.244.0.1/16"), true)
+            .into_scene("s".into(), Some("10.244.0.1/16"), &SceneContext::FAKE)
             .unwrap_err()
             .0;
         assert_eq!(
@@ -1097,7 +1403,7 @@ cloudConfig: [1, 2]
     fn the_example_scenario_is_valid() {
         let s = Scenario::parse(include_str!("example-scenario.yaml"))
             .unwrap()
-            .into_scene("example".into(), None, true)
+            .into_scene("example".into(), None, &SceneContext::FAKE)
             .unwrap();
         assert_eq!(s.cluster_cidr.to_string(), "10.100.0.0/16");
         assert_eq!(s.nodes.len(), 4);
@@ -1106,7 +1412,7 @@ cloudConfig: [1, 2]
         let worker_a = &s.nodes[1];
         assert_eq!(worker_a.pod_cidr.to_string(), "10.100.21.0/24");
         assert_eq!(worker_a.internal_ip.to_string(), "10.1.0.21");
-        match s.cloud_config.as_ref().unwrap() {
+        match s.providers[0].cloud_config.as_ref().unwrap() {
             SceneCloudConfig::Mapping(m) => assert_eq!(m["ipPool"], "198.18.0.0/16"),
             other => panic!("{other:?}"),
         }
@@ -1132,7 +1438,7 @@ cloudConfig: [1, 2]
             "nodes:\n- {name: a, providedIP: 10.0.0.12, zone: z9, externalIP: 203.0.113.5}\n- {name: b}\ncloudConfig:\n  errors:\n    EnsureLoadBalancer: {kind: other}\n",
         )
         .unwrap();
-        let c = s.demo_cloud_config("kubernetes", Path::new("/state"));
+        let c = s.fake_demo_cloud(0, "kubernetes", Path::new("/state"));
         assert_eq!(c["stateDir"], "/state");
         assert_eq!(c["instances"][0]["zone"], "z9");
         assert_eq!(c["instances"][0]["addresses"][0]["address"], "10.0.0.12");
@@ -1141,12 +1447,156 @@ cloudConfig: [1, 2]
         assert_eq!(c["instances"][1]["addresses"][0]["address"], "10.0.0.13");
         assert_eq!(c["errors"]["EnsureLoadBalancer"]["kind"], "other");
         assert_eq!(c["autoInstances"], true);
-        s.cloud_config = Some(SceneCloudConfig::Mapping(
+        s.providers[0].cloud_config = Some(SceneCloudConfig::Mapping(
             serde_json::from_value(json!({"stateDir": "/mine"})).unwrap(),
         ));
         assert_eq!(
-            s.demo_cloud_config("k", Path::new("/state"))["stateDir"],
+            s.fake_demo_cloud(0, "k", Path::new("/state"))["stateDir"],
             "/mine"
+        );
+    }
+
+    #[test]
+    fn the_hybrid_scenario_names_two_providers_and_a_foreign_node() {
+        let s = Scenario::parse(include_str!("../../../docs/scenarios/hybrid.yaml"))
+            .unwrap()
+            .into_scene("hybrid".into(), None, &SceneContext::FAKE)
+            .unwrap();
+        assert!(s.named_providers);
+        let names: Vec<&str> = s.providers.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["fake", "metal"]);
+        assert!(s.providers.iter().all(|p| p.demo));
+        assert_eq!(s.providers[1].load_balancer_classes, ["metal-lb"]);
+        let clouds: Vec<(&str, Option<usize>)> = s
+            .nodes
+            .iter()
+            .map(|n| (n.spec.name.as_str(), n.cloud))
+            .collect();
+        assert_eq!(
+            clouds,
+            [
+                ("cloud-a", Some(0)),
+                ("cloud-b", Some(0)),
+                ("rack1-node-1", Some(1)),
+                ("rack2-node-1", Some(1)),
+                ("kwok-node-1", None),
+            ]
+        );
+        let kwok = Scene::node_object(&s.nodes[4]);
+        assert_eq!(
+            kwok.spec.unwrap().provider_id.as_deref(),
+            Some("kwok://kwok-node-1")
+        );
+
+        // The fake's demo cloud describes its own nodes only and synthesises no others (they
+        // may be another provider's).
+        let fake = s.fake_demo_cloud(0, "kubernetes", Path::new("/state"));
+        let instances: Vec<&str> = fake["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(instances, ["cloud-a", "cloud-b"]);
+        assert_eq!(fake["autoInstances"], false);
+        // metal's: an inventory of its machines, the scenario's pool laid over the demo's.
+        let (config, inventory) = s.metal_demo_cloud(1, Path::new("/w/inventory-metal.yaml"));
+        assert_eq!(config["inventory"], "/w/inventory-metal.yaml");
+        assert_eq!(config["loadBalancer"]["pools"][0]["name"], "rack-vips");
+        let inventory = inventory.expect("the demo's inventory");
+        let machines = inventory["machines"].as_array().unwrap();
+        assert_eq!(machines.len(), 2);
+        assert_eq!(machines[0]["name"], "rack1-node-1");
+        assert_eq!(machines[0]["id"], "rack1-node-1");
+        assert_eq!(machines[0]["zone"], "rack1");
+        assert_eq!(machines[1]["addresses"][0]["address"], "10.0.0.14");
+    }
+
+    #[test]
+    fn metal_without_a_config_runs_the_demo_and_its_own_inventory_wins() {
+        let s = scene_for(
+            "nodes:\n- {name: m1, zone: r1}\n- {name: m2, providerID: 'metal://rack/m2', provider: metal}\n",
+            "metal",
+        )
+        .unwrap();
+        assert!(s.providers[0].demo);
+        let (config, inventory) = s.metal_demo_cloud(0, Path::new("/w/inv.yaml"));
+        assert_eq!(
+            config["loadBalancer"]["pools"][0]["addresses"],
+            json!(METAL_DEMO_POOL)
+        );
+        let machines = inventory.unwrap()["machines"].clone();
+        assert_eq!(machines[1]["providerID"], "metal://rack/m2");
+        assert!(machines[1].get("id").is_none());
+        let s = scene_for(
+            "nodes:\n- {name: m1}\ncloudConfig: {inventory: /etc/inv.yaml}\n",
+            "metal",
+        )
+        .unwrap();
+        let (config, inventory) = s.metal_demo_cloud(0, Path::new("/w/inv.yaml"));
+        assert_eq!(config["inventory"], "/etc/inv.yaml");
+        assert!(inventory.is_none(), "the scenario's inventory is used");
+    }
+
+    fn scene_for(text: &str, provider: &str) -> Result<Scene, Vec<String>> {
+        Scenario::parse(text)
+            .map_err(|e| vec![e])?
+            .into_scene(
+                "test".into(),
+                None,
+                &SceneContext {
+                    provider,
+                    config_file: false,
+                },
+            )
+            .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn every_provider_problem_is_reported_with_its_place() {
+        let errs = scene(
+            r#"
+cloudConfig: {ipPool: 10.0.0.0/8}
+providers:
+- name: fake
+  loadBalancerClasses: [a, a, ""]
+- name: fake
+  cloudConfig: 3
+- name: "x,y"
+  platforms: [" "]
+  loadBalancerClasses: [a, "b=c"]
+  loadBalancerHosts: some
+nodes:
+- {name: n1, provider: gcp}
+- {name: n2, providerID: "", zone: z}
+- {name: n3, providerID: "kwok://n3", zone: z}
+- {name: n4, provider: fake, providerID: "fake://n 4"}
+"#,
+        )
+        .unwrap_err();
+        let expected = [
+            "cloudConfig: with providers:, each provider has its own (providers[N].cloudConfig)",
+            "providers[0].loadBalancerClasses[1]: \"a\" is listed twice",
+            "providers[0].loadBalancerClasses[2]: cannot be empty",
+            "providers[1].name: duplicate provider \"fake\"",
+            "providers[1].cloudConfig: must be a mapping of the provider's configuration keys, or a string (the file's content, verbatim), got a number",
+            "providers[2].name: \"x,y\" is not a provider name (no ',', '=' or spaces)",
+            "providers[2].platforms[0]: cannot be empty",
+            "providers[2].loadBalancerClasses[0]: \"a\" is a class of providers[0] (fake) already: a class has one provider",
+            "providers[2].loadBalancerClasses[1]: \"b=c\" cannot hold '='",
+            "providers[2].loadBalancerHosts: \"some\" is not owned or all",
+            "nodes[0].provider: \"gcp\" is not one of the scenario's providers (fake, fake, x,y)",
+            "nodes[1].providerID: cannot be empty (leave it out: the cloud provider sets it)",
+            "nodes[1].zone: only applies to the built-in demo cloud, and a node with a providerID is in none unless it names its provider (provider: NAME)",
+            "nodes[2].zone: only applies to the built-in demo cloud, and a node with a providerID is in none unless it names its provider (provider: NAME)",
+            "nodes[3].providerID: \"fake://n 4\" cannot hold spaces",
+        ];
+        assert_eq!(errs, expected);
+        // Without providers:, a node's provider must be the run's.
+        let errs = scene_for("nodes:\n- {name: a, provider: metal}\n", "fake").unwrap_err();
+        assert_eq!(
+            errs,
+            ["nodes[0].provider: \"metal\" is not the provider of this run (fake; a scenario names several in providers:)"]
         );
     }
 }
