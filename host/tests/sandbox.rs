@@ -3,8 +3,9 @@
 //! load balancers cannot be created exits 1 naming them and why (first, with a capped list),
 //! a lost lease is named as the reason, the summary's events are the API server's, the
 //! kubeconfig the hints name exists while the server runs and is deleted (or kept) as the last
-//! line says, and kubectl (or, without it, the requests kubectl makes) works against the
-//! sandbox while it serves.
+//! line says, kubectl (or, without it, the requests kubectl makes) works against the
+//! sandbox while it serves, and the hybrid scenario (fake and metal in one host, a kwok node
+//! neither owns) converges with each node's owner and each service's provider in the summary.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -1193,4 +1194,153 @@ fn the_cloud_view_is_the_controllers_provider_and_a_string_cloud_config_is_verba
         .map(|r| r["targetNode"].as_str().unwrap())
         .collect();
     assert_eq!(routed, ["ccm-check-1", "ccm-check-2"], "{cloud:#}");
+}
+
+/// A plugin directory with the fake and metal plugins, as cargo built them for this test run.
+fn fake_and_metal_dir(dir: &Path) -> PathBuf {
+    let plugins = plugin_dir(dir);
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .into_iter()
+        .map(|d| d.join("libccm_provider_metal.so"))
+        .find(|p| p.is_file())
+        .expect("libccm_provider_metal.so built by cargo");
+    let tmp = plugins.join(format!(".libccm_provider_metal.so.{}", std::process::id()));
+    std::fs::copy(so, &tmp).unwrap();
+    std::fs::rename(&tmp, plugins.join("libccm_provider_metal.so")).unwrap();
+    plugins
+}
+
+#[test]
+fn the_hybrid_scenario_converges_with_each_provider_on_its_own() {
+    // docs/scenarios/hybrid.yaml: fake and metal in one host, each initialising the nodes of
+    // its platform and serving the Services of its classes, and a kwok node of a platform
+    // neither owns that must stay untouched.
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/scenarios/hybrid.yaml");
+    let out = Command::new(BIN)
+        .arg("sandbox")
+        .arg("--plugin-dir")
+        .arg(fake_and_metal_dir(dir.path()))
+        .arg("--scenario")
+        .arg(&scenario)
+        .args(["--progress", "lines", "--timeout", "3m", "-o", "json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("ccm-host runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report = json_report(&out);
+    assert_eq!(out.status.code(), Some(0), "{report:#}\n{stderr}");
+    assert_eq!(report["converged"], true);
+    assert_eq!(report["ownershipEnforced"], true);
+    let providers: Vec<&str> = report["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(providers, ["fake", "metal"]);
+    assert_eq!(report["provider"]["name"], "fake", "the default provider");
+    let metal = &report["providers"][1];
+    assert_eq!(strings(&metal["platforms"]), ["metal://"]);
+    assert_eq!(strings(&metal["loadBalancerClasses"]), ["metal-lb"]);
+    assert_eq!(metal["classless"], false);
+    assert_eq!(
+        metal["expected"]["routes"],
+        "off: the provider does not support Routes"
+    );
+    assert!(
+        stderr.contains("running the controllers with providers fake ("),
+        "{stderr}"
+    );
+
+    // Every node of a loaded provider's platform initialised by that provider.
+    let nodes = &report["nodes"];
+    for (name, owner) in [
+        ("cloud-a", "fake"),
+        ("cloud-b", "fake"),
+        ("rack1-node-1", "metal"),
+        ("rack2-node-1", "metal"),
+    ] {
+        let n = find(nodes, "name", name);
+        assert_eq!(n["initialised"], true, "{n:#}");
+        assert_eq!(n["owner"], owner, "{n:#}");
+        assert_eq!(n["providerID"], format!("{owner}://{name}"), "{n:#}");
+        assert!(n.get("untouched").is_none(), "{n:#}");
+    }
+    // The fake's nodes got routes; metal has none to give.
+    assert_eq!(find(nodes, "name", "cloud-a")["routeCreated"], true);
+    assert_eq!(
+        find(nodes, "name", "rack1-node-1")["routeCreated"],
+        Value::Null
+    );
+    let rack2 = find(nodes, "name", "rack2-node-1");
+    assert_eq!(rack2["zone"], "rack2");
+    assert_eq!(rack2["instanceType"], "r650");
+    // cloud-b registered with a provided node IP: it stays the first address.
+    assert_eq!(
+        find(nodes, "name", "cloud-b")["addresses"][0],
+        "InternalIP=10.0.0.42"
+    );
+    // The kwok node: foreign, and exactly as seeded (providerID, tainted, no cloud labels).
+    let kwok = find(nodes, "name", "kwok-node-1");
+    assert_eq!(kwok["owner"], "foreign");
+    assert_eq!(kwok["untouched"], true);
+    assert_eq!(kwok["initialised"], false);
+    assert_eq!(kwok["providerID"], "kwok://kwok-node-1");
+    assert_eq!(kwok["zone"], "");
+    assert_eq!(kwok["instanceType"], "");
+    assert_eq!(strings(&kwok["addresses"]), ["Hostname=kwok-node-1"]);
+
+    // Each Service served by the provider of its class (classless: the default provider).
+    let services = &report["services"];
+    for (name, provider, pool) in [
+        ("web", "fake", "198.18."),
+        ("checkout", "fake", "198.18."),
+        ("ledger", "metal", "192.0.2."),
+    ] {
+        let svc = find(services, "name", name);
+        assert_eq!(svc["provider"], provider, "{svc:#}");
+        assert_eq!(svc["owned"], true);
+        let ingress = strings(&svc["ingress"]);
+        assert_eq!(ingress.len(), 1, "{svc:#}");
+        assert!(ingress[0].starts_with(pool), "{svc:#}");
+    }
+    let ledger_ip = strings(&find(services, "name", "ledger")["ingress"])[0].to_string();
+    let last: u8 = ledger_ip.rsplit('.').next().unwrap().parse().unwrap();
+    assert!(
+        (17..=30).contains(&last),
+        "{ledger_ip} is from the scenario's pool 192.0.2.16/28"
+    );
+    let gateway = find(services, "name", "metrics-gateway");
+    assert_eq!(gateway["provider"], Value::Null);
+    assert_eq!(gateway["owned"], false);
+    assert!(gateway["ingress"].as_array().unwrap().is_empty());
+    assert_eq!(gateway["finalizer"], false);
+
+    // The cloud view: each load balancer in its provider's cloud, the fake's backed by the
+    // fake's own nodes only.
+    let lbs = &report["cloud"]["loadBalancers"];
+    let web = find(lbs, "service", "default/web");
+    assert_eq!(web["provider"], "fake");
+    assert_eq!(strings(&web["hosts"]), ["cloud-a", "cloud-b"]);
+    let ledger = find(lbs, "service", "shop/ledger");
+    assert_eq!(ledger["provider"], "metal");
+    assert_eq!(strings(&ledger["addresses"]), [ledger_ip.as_str()]);
+    let routed: Vec<&str> = report["cloud"]["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["targetNode"].as_str().unwrap())
+        .collect();
+    assert_eq!(routed, ["cloud-a", "cloud-b"]);
+    // The unclaimed nodes were claimed by the provider that knows them.
+    let claimed = find(&report["events"], "reason", "CloudProviderClaimedNode");
+    assert_eq!(claimed["objects"], 4, "{:#}", report["events"]);
+    assert!(report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["type"] != "Warning"));
 }
