@@ -596,7 +596,11 @@ fn start_controller(
         match check(ctx) {
             Ok(()) => Ok(Some(tokio::spawn(run(ctx.clone()).in_current_span()))),
             Err(not_started) => {
-                tracing::warn!(controller = name.canonical, "not started: {not_started}");
+                tracing::warn!(
+                    controller = name.canonical,
+                    "not started{}: {not_started}",
+                    for_provider(ctx)
+                );
                 Ok(None)
             }
         }
@@ -617,7 +621,11 @@ fn start_controller(
                     controllers::route::run(ctx.clone(), cidrs).in_current_span(),
                 ))),
                 Err(Ok(not_started)) => {
-                    tracing::warn!(controller = name.canonical, "not started: {not_started}");
+                    tracing::warn!(
+                        controller = name.canonical,
+                        "not started{}: {not_started}",
+                        for_provider(ctx)
+                    );
                     Ok(None)
                 }
                 Err(Err(fatal)) => Err(fatal),
@@ -625,6 +633,15 @@ fn start_controller(
         }
         other => Err(format!("no implementation for controller {other}")),
     }
+}
+
+/// ` for cloud provider NAME` when several providers run (the log line then names it even
+/// where spans are not shown), else nothing.
+fn for_provider(ctx: &ControllerContext) -> String {
+    ctx.provider_label
+        .as_deref()
+        .map(|p| format!(" for cloud provider {p}"))
+        .unwrap_or_default()
 }
 
 async fn release(task: JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>) {
