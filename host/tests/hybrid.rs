@@ -1547,3 +1547,97 @@ fn metrics_and_health_checks_are_per_provider() {
     );
     assert_eq!(host.stop(), Some(0), "SIGTERM exits 0\n{}", host.tail(40));
 }
+
+/// One host per provider, and a node without providerID or label that both clouds know: the
+/// first claim wins, because the other host then sees the node as owned. Here metal's claim is
+/// written while the fake host's question to its cloud is held (a `pause` gate), so the fake
+/// host's "yes" comes after metal's label: it must not overwrite it.
+#[test]
+fn two_hosts_that_both_know_an_unclaimed_node_keep_the_first_claim() {
+    let cluster = Cluster::start();
+    let fake_state = cluster.path("fake-state");
+    let fake_config = cluster.path("fake.yaml");
+    let gate = cluster.path("gate-instance-exists");
+    std::fs::write(&gate, "").unwrap();
+    write_fake_config(
+        &fake_config,
+        &fake_state,
+        &["{name: dual}"],
+        &format!("pause: {{InstanceExists: {}}}\n", gate.display()),
+    );
+    let metal_config = cluster.path("metal.yaml");
+    write_metal_config(
+        &metal_config,
+        &cluster.path("inventory.yaml"),
+        &["{name: dual, id: rack9-01, instanceType: r640}"],
+    );
+    cluster.seed(node("dual", true, tainted()));
+    let fake_host = Host::start(
+        &cluster,
+        "fake-host",
+        &strings(&[
+            "--cloud-provider=fake",
+            &format!("--cloud-config={}", fake_config.display()),
+            "--cloud-provider-platforms=fake",
+            "--leader-elect-resource-name=ccm-fake",
+            "--configure-cloud-routes=false",
+        ]),
+    );
+    let metal_host = Host::start(
+        &cluster,
+        "metal-host",
+        &strings(&[
+            "--cloud-provider=metal",
+            &format!("--cloud-config={}", metal_config.display()),
+            "--cloud-provider-platforms=metal",
+            "--ignore-classless-services",
+            "--leader-elect-resource-name=ccm-metal",
+        ]),
+    );
+    eventually(
+        "metal's claim while the fake host waits for its cloud",
+        &[&fake_host, &metal_host],
+        || {
+            let n = cluster.node("dual").ok_or("dual is gone")?;
+            if label(&n, PLATFORM_LABEL) != Some("metal") || pid_of(&n) != "metal://rack9-01" {
+                return Err(format!("dual not claimed and initialised by metal: {n}"));
+            }
+            let asked = fake_calls_about(&fake_calls(&fake_state), "dual", "");
+            if !asked.iter().any(|c| c == "instance-exists") {
+                return Err("the fake host has not asked its cloud yet".into());
+            }
+            Ok(())
+        },
+    );
+    // The fake's cloud answers "yes, I know dual" now, after metal's claim.
+    std::fs::remove_file(&gate).unwrap();
+    eventually(
+        "the fake host's claim round for dual to end",
+        &[&fake_host, &metal_host],
+        || {
+            let log = fake_host.read_log();
+            let done = log.lines().any(|l| {
+                l.contains("dual")
+                    && (l.contains("cloud provider fake knows this node")
+                        || l.contains("was claimed while the providers were asked"))
+            });
+            done.then_some(()).ok_or_else(|| "not yet".to_string())
+        },
+    );
+    let n = cluster.node("dual").unwrap();
+    assert_eq!(
+        label(&n, PLATFORM_LABEL),
+        Some("metal"),
+        "the first claim stays: {n}"
+    );
+    assert_eq!(pid_of(&n), "metal://rack9-01", "{n}");
+    let claims: Vec<Event> = cluster
+        .events_about("Node", "dual")
+        .into_iter()
+        .filter(|e| e.reason == "CloudProviderClaimedNode")
+        .collect();
+    assert_eq!(claims.len(), 1, "one claim: {claims:#?}");
+    assert!(claims[0].message.contains("metal"), "{claims:#?}");
+    assert_eq!(fake_host.stop(), Some(0), "{}", fake_host.tail(40));
+    assert_eq!(metal_host.stop(), Some(0), "{}", metal_host.tail(40));
+}

@@ -16,12 +16,14 @@
 //!   again with a per-node back-off (1 s doubling to 5 min).
 //! - No provider knows it: a `NoCloudProviderClaimsNode` Warning event; the node stays tainted
 //!   and untouched and is asked about again with the same back-off (its instance may appear).
-//! - A claim is a `CloudProviderClaimedNode` Normal event naming the provider and the label.
+//! - A claim is a `CloudProviderClaimedNode` Normal event naming the provider and the label. The
+//!   label is written only if the node is still unclaimed: the patch carries the
+//!   resourceVersion the providers were asked about, so of two hosts that both know a node
+//!   (one host per provider) the first claim stays.
 //!
 //! Nodes without the taint are never claimed: a node that is not waiting for a cloud provider
 //! (kwok, virtual kubelet, a kubelet without `--cloud-provider=external`) stays foreign.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +34,7 @@ use super::ControllerContext;
 use crate::events::{node_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::ownership::{Owner, Ownership, PLATFORM_LABEL};
-use crate::patches::{is_not_found, patch_node_labels};
+use crate::patches::{is_conflict, is_not_found};
 use crate::provider::Provider;
 use crate::well_known::UNINITIALIZED_TAINT;
 use crate::workqueue::WorkQueue;
@@ -155,14 +157,22 @@ async fn claim(
         Verdict::Known(i) => {
             let value = ownership.label_value(i).to_string();
             let provider = &ownership.names()[i];
-            let labels = BTreeMap::from([(PLATFORM_LABEL.to_string(), value.clone())]);
-            match patch_node_labels(&ctx.client, name, &labels).await {
-                Ok(()) => {
+            match label_unless_claimed(&ctx.client, ownership, &node, &value).await {
+                Ok(Labelled::Yes) => {
                     let message = format!(
                         "cloud provider {provider} knows this node: labelled {PLATFORM_LABEL}={value}, so {provider} initialises it"
                     );
                     tracing::info!(node = name, provider = provider.as_str(), "{message}");
                     recorder.publish(node_ref(&node), EventType::Normal, CLAIMED_REASON, message);
+                    false
+                }
+                Ok(Labelled::ClaimedMeanwhile) => {
+                    tracing::info!(
+                        node = name,
+                        provider = provider.as_str(),
+                        "node {name} was claimed while the providers were asked (another host's label, or a providerID): \
+                         cloud provider {provider} leaves it to its owner"
+                    );
                     false
                 }
                 Err(e) if is_not_found(&e) => false,
@@ -197,6 +207,58 @@ async fn claim(
                 message,
             );
             true
+        }
+    }
+}
+
+/// What [`label_unless_claimed`] did.
+enum Labelled {
+    Yes,
+    /// The node got an owner (or lost the taint) since it was read: left alone.
+    ClaimedMeanwhile,
+}
+
+/// Attempts at the conditional label write before the round is retried later.
+const LABEL_ATTEMPTS: u32 = 5;
+
+/// Label `node` `PLATFORM_LABEL=value` only if it is still unclaimed and waiting: the patch
+/// carries the resourceVersion the decision was made on, so a label or providerID written in
+/// the meantime (another host claiming the node while this one asked its providers, a kubelet
+/// setting its providerID) makes it a Conflict; the node is then read again and decided anew.
+/// Without the precondition the later of two hosts that both know a node overwrote the
+/// first's claim (found by tests/hybrid.rs).
+async fn label_unless_claimed(
+    client: &kube::Client,
+    ownership: &Ownership,
+    node: &Node,
+    value: &str,
+) -> Result<Labelled, kube::Error> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let api: kube::Api<Node> = kube::Api::all(client.clone());
+    let mut current = node.clone();
+    let mut attempt = 1;
+    loop {
+        if ownership.owner(&current) != Owner::Unclaimed || !waits_for_initialisation(&current) {
+            return Ok(Labelled::ClaimedMeanwhile);
+        }
+        let body = serde_json::json!({"metadata": {
+            "resourceVersion": current.metadata.resource_version,
+            "labels": {PLATFORM_LABEL: value},
+        }});
+        match api
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .await
+        {
+            Ok(_) => return Ok(Labelled::Yes),
+            Err(e) if is_conflict(&e) && attempt < LABEL_ATTEMPTS => {
+                attempt += 1;
+                current = api.get(name).await?;
+            }
+            Err(e) => return Err(e),
         }
     }
 }
