@@ -31,6 +31,7 @@ use support::{https, plugin_dir_with, BIN};
 const TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 const PLATFORM_LABEL: &str = "topology.kubernetes.io/platform";
+const PLATFORM_ANNOTATION: &str = "cloudprovider.kubernetes.io/platform";
 const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -48,12 +49,12 @@ const EXTRA_PASSES: usize = 3;
 /// The in-memory API server (on its own runtime), a temp directory with the kubeconfig and a
 /// plugin directory holding the fake and metal plugins.
 struct Cluster {
-    _server: ApiServer,
+    server: ApiServer,
     ctl: Controls,
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
     plugins: PathBuf,
-    _rt: tokio::runtime::Runtime,
+    rt: tokio::runtime::Runtime,
 }
 
 impl Cluster {
@@ -70,11 +71,11 @@ impl Cluster {
         );
         Cluster {
             ctl: server.controls(),
-            _server: server,
+            server,
             dir,
             kubeconfig,
             plugins,
-            _rt: rt,
+            rt,
         }
     }
 
@@ -121,6 +122,23 @@ impl Cluster {
             .as_str()
             .filter(|h| !h.is_empty())
             .map(str::to_string)
+    }
+
+    /// Turn `default/<name>` into a ClusterIP Service, as `kubectl edit` would (the class, the
+    /// node ports and the external traffic policy go with the type).
+    fn make_cluster_ip(&self, name: &str) {
+        use kube::api::{Patch, PatchParams};
+        let api: kube::Api<k8s_openapi::api::core::v1::Service> =
+            kube::Api::namespaced(self.server.client(), "default");
+        let body = json!({"spec": {
+            "type": "ClusterIP",
+            "loadBalancerClass": null,
+            "externalTrafficPolicy": null,
+            "ports": [{"port": 80, "protocol": "TCP"}],
+        }});
+        self.rt
+            .block_on(api.patch(name, &PatchParams::default(), &Patch::Merge(&body)))
+            .unwrap_or_else(|e| panic!("service {name} to ClusterIP: {e}"));
     }
 
     /// The metal provider's allocation of `default/<service>` in its ConfigMap.
@@ -510,6 +528,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
             "{name: m-label, id: rack1-03, instanceType: r650, addresses: [{type: InternalIP, address: 10.10.0.3}]}",
             "{name: m-gone, id: rack1-04, state: absent}",
             "{name: m-stay, id: rack1-05, addresses: [{type: InternalIP, address: 10.10.0.5}]}",
+            "{name: m-annot, id: rack1-06, addresses: [{type: InternalIP, address: 10.10.0.6}]}",
             // A machine of the fake's node's name: metal would claim f-claim if it were asked
             // first, or initialise it if its controllers saw it.
             "{name: f-claim, id: decoy, instanceType: decoy, addresses: [{type: InternalIP, address: 10.10.0.99}]}",
@@ -542,6 +561,15 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
         "m-label",
         true,
         with(tainted(), platform_label("metal")),
+    ));
+    // The KEP draft's annotation instead of the label.
+    cluster.seed(node(
+        "m-annot",
+        true,
+        with(
+            tainted(),
+            json!({"metadata": {"annotations": {PLATFORM_ANNOTATION: "metal"}}}),
+        ),
     ));
     cluster.seed(node("m-stay", false, provider_id("metal://rack1-05")));
     cluster.seed(node("m-gone", false, provider_id("metal://rack1-04")));
@@ -597,6 +625,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
             initialised("m-1", "metal://rack1-01")?;
             initialised("m-claim", "metal://rack1-02")?;
             initialised("m-label", "metal://rack1-03")?;
+            initialised("m-annot", "metal://rack1-06")?;
             for gone in ["f-gone", "m-gone"] {
                 if cluster.node(gone).is_some() {
                     return Err(format!("{gone} not deleted yet"));
@@ -657,6 +686,82 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
         }
     });
     println!("lifecycle calls: fake about f-stay, metal InstanceExists: {fake_metal:?}");
+
+    // 4. Load balancers by class, each from its provider, with that provider's nodes.
+    let web = cluster.service("web");
+    let ip = ingress_ip(&web).unwrap();
+    assert!(
+        in_fake_pool(&ip),
+        "web's ingress {ip} is from the fake's pool"
+    );
+    assert_eq!(
+        web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION], "fake",
+        "{web}"
+    );
+    let metal_web = cluster.service("metal-web");
+    assert_eq!(ingress_ip(&metal_web).as_deref(), Some("192.0.2.1"));
+    assert_eq!(
+        metal_web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION], "metal",
+        "{metal_web}"
+    );
+    let allocation = cluster
+        .metal_allocation("metal-web")
+        .expect("metal's ConfigMap holds metal-web's address");
+    assert_eq!(
+        allocation["addresses"][0]["ip"], "192.0.2.1",
+        "{allocation}"
+    );
+    assert_eq!(
+        cluster.metal_allocation("web"),
+        None,
+        "metal allocated for web"
+    );
+    let state = FakeState::read(&fake_state).unwrap();
+    assert_eq!(
+        state
+            .load_balancers
+            .iter()
+            .map(|lb| lb.service_key())
+            .collect::<Vec<_>>(),
+        ["default/web"],
+        "the fake has only the classless Service's load balancer"
+    );
+    let other = cluster.service("other");
+    assert_eq!(ingress_ip(&other), None, "{other}");
+    assert!(other["metadata"]["finalizers"].is_null(), "{other}");
+    assert!(
+        web["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == LB_FINALIZER)),
+        "{web}"
+    );
+
+    // Both Services stop being LoadBalancers (type ClusterIP, which clears the class): each
+    // load balancer is deleted by the provider that made it, and the other provider's
+    // controller, which now sees "needs cleanup" on both, leaves the other's alone.
+    for svc in ["web", "metal-web"] {
+        cluster.make_cluster_ip(svc);
+    }
+    eventually(
+        "both load balancers cleaned up by their owners",
+        &[&host],
+        || {
+            for svc in ["web", "metal-web"] {
+                let s = cluster.service(svc);
+                if !s["metadata"]["finalizers"].is_null() || ingress_ip(&s).is_some() {
+                    return Err(format!("{svc} not cleaned up yet: {s}"));
+                }
+            }
+            if fake_lb_hosts(&fake_state, "web").is_some() {
+                return Err("the fake's load balancer for web still exists".into());
+            }
+            if cluster.metal_allocation("metal-web").is_some() {
+                return Err("metal still holds metal-web's address".into());
+            }
+            Ok(())
+        },
+    );
+
     // The whole run, shutdown included: stop the host before looking at what it left.
     assert_eq!(host.stop(), Some(0), "SIGTERM exits 0\n{}", host.tail(40));
 
@@ -699,7 +804,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
     for name in ["f-1", "f-claim"] {
         has_event(name, "cloud-node-controller/fake", "Synced");
     }
-    for name in ["m-1", "m-claim", "m-label"] {
+    for name in ["m-1", "m-claim", "m-label", "m-annot"] {
         has_event(name, "cloud-node-controller/metal", "Synced");
     }
     for (name, provider) in [("f-claim", "fake"), ("m-claim", "metal")] {
@@ -728,7 +833,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
             "metal acted on the fake's node {name}: {c:?}"
         );
     }
-    for name in ["m-1", "m-claim", "m-label", "m-stay", "m-gone"] {
+    for name in ["m-1", "m-claim", "m-label", "m-annot", "m-stay", "m-gone"] {
         let c = components(name);
         assert!(
             c.iter().all(|c| !c.ends_with("/fake")),
@@ -739,6 +844,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
     for (name, pid) in [
         ("m-1", "metal://rack1-01"),
         ("m-label", "metal://rack1-03"),
+        ("m-annot", "metal://rack1-06"),
         ("m-stay", "metal://rack1-05"),
         ("m-gone", "metal://rack1-04"),
         ("k-1", "kwok://k-1"),
@@ -814,45 +920,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
         assert_eq!(components(name), BTreeSet::new(), "events about {name}");
     }
 
-    // 4. Load balancers by class, each from its provider, with that provider's nodes.
-    let web = cluster.service("web");
-    let ip = ingress_ip(&web).unwrap();
-    assert!(
-        in_fake_pool(&ip),
-        "web's ingress {ip} is from the fake's pool"
-    );
-    assert_eq!(
-        web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION], "fake",
-        "{web}"
-    );
-    let metal_web = cluster.service("metal-web");
-    assert_eq!(ingress_ip(&metal_web).as_deref(), Some("192.0.2.1"));
-    assert_eq!(
-        metal_web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION], "metal",
-        "{metal_web}"
-    );
-    let allocation = cluster
-        .metal_allocation("metal-web")
-        .expect("metal's ConfigMap holds metal-web's address");
-    assert_eq!(
-        allocation["addresses"][0]["ip"], "192.0.2.1",
-        "{allocation}"
-    );
-    assert_eq!(
-        cluster.metal_allocation("web"),
-        None,
-        "metal allocated for web"
-    );
-    let state = FakeState::read(&fake_state).unwrap();
-    assert_eq!(
-        state
-            .load_balancers
-            .iter()
-            .map(|lb| lb.service_key())
-            .collect::<Vec<_>>(),
-        ["default/web"],
-        "the fake has only the classless Service's load balancer"
-    );
+    // 4. Only each Service's own provider acted on it, creation to deletion.
     assert!(
         calls
             .iter()
@@ -875,16 +943,90 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
         service_components("metal-web"),
         BTreeSet::from(["service-controller/metal".to_string()])
     );
-    let other = cluster.service("other");
-    assert_eq!(ingress_ip(&other), None, "{other}");
-    assert!(other["metadata"]["finalizers"].is_null(), "{other}");
     assert_eq!(service_components("other"), BTreeSet::new());
-    assert!(
-        web["metadata"]["finalizers"]
-            .as_array()
-            .is_some_and(|f| f.iter().any(|x| x == LB_FINALIZER)),
-        "{web}"
+    for (svc, provider) in [("web", "fake"), ("metal-web", "metal")] {
+        let events = cluster.events_about("Service", svc);
+        assert!(
+            events.iter().any(|e| e.reason == "DeletedLoadBalancer"
+                && e.component == format!("service-controller/{provider}")),
+            "{svc}: {events:#?}"
+        );
+    }
+}
+
+// ---- 3b: --provider-id-grace-period ---------------------------------------------------------
+
+/// With ownership enforced, a node of a provider that has no providerID yet is left alone by
+/// the lifecycle controller until `--provider-id-grace-period` after its creation (the
+/// controller that may initialise it gets the time to), then handled as upstream: a NotReady
+/// node whose instance its own cloud does not know is deleted. A node with a providerID is
+/// not covered by the grace period.
+#[test]
+fn a_node_without_provider_id_is_left_alone_for_the_grace_period() {
+    const GRACE: Duration = Duration::from_secs(8);
+    let cluster = Cluster::start();
+    let fake_state = cluster.path("fake-state");
+    let fake_config = cluster.path("fake.yaml");
+    write_fake_config(&fake_config, &fake_state, &["{name: f-1}"], "");
+    let metal_config = cluster.path("metal.yaml");
+    write_metal_config(
+        &metal_config,
+        &cluster.path("inventory.yaml"),
+        &[
+            "{name: m-1, id: rack1-01}",
+            "{name: m-gone, id: rack1-04, state: absent}",
+        ],
     );
+    let seeded = Instant::now();
+    cluster.seed(node("f-1", true, provider_id("fake://f-1")));
+    cluster.seed(node("m-1", true, provider_id("metal://rack1-01")));
+    // NotReady, owned by metal through its label, unknown to metal's inventory.
+    cluster.seed(node("m-nopid", false, platform_label("metal")));
+    cluster.seed(node("m-gone", false, provider_id("metal://rack1-04")));
+    let host = Host::start(
+        &cluster,
+        "grace",
+        &strings(&[
+            "--cloud-provider=fake,metal",
+            &format!("--cloud-config=fake={}", fake_config.display()),
+            &format!("--cloud-config=metal={}", metal_config.display()),
+            "--cluster-cidr=10.244.0.0/16",
+            &format!("--provider-id-grace-period={}s", GRACE.as_secs()),
+        ]),
+    );
+    eventually("m-gone deleted at once", &[&host], || {
+        match cluster.node("m-gone") {
+            Some(_) => Err("m-gone not deleted yet".to_string()),
+            None => Ok(()),
+        }
+    });
+    let deleted_after =
+        eventually(
+            "m-nopid deleted after its grace period",
+            &[&host],
+            || match cluster.node("m-nopid") {
+                Some(_) => Err("m-nopid not deleted yet".to_string()),
+                None => Ok(seeded.elapsed()),
+            },
+        );
+    // The node was created after `seeded` and seen gone after its deletion: a lower bound,
+    // less the resolution of creationTimestamp (whole seconds, as upstream's API server
+    // writes it, so a node's age reads up to 1 s more than it is).
+    assert!(
+        deleted_after >= GRACE - Duration::from_secs(1),
+        "m-nopid deleted {deleted_after:?} after it was seeded, within the grace period {GRACE:?}"
+    );
+    let events = cluster.events_about("Node", "m-nopid");
+    assert!(
+        events.iter().any(|e| e.reason == "DeletingNode"
+            && e.component == "cloud-node-lifecycle-controller/metal"),
+        "{events:#?}"
+    );
+    assert!(
+        fake_calls_about(&fake_calls(&fake_state), "m-nopid", "").is_empty(),
+        "the fake was asked about metal's node"
+    );
+    assert_eq!(host.stop(), Some(0), "{}", host.tail(40));
 }
 
 // ---- 4b: --load-balancer-hosts NAME=all -------------------------------------------------------
@@ -1254,6 +1396,56 @@ fn two_hosts_with_one_provider_each_never_touch_each_others_nodes_or_load_balanc
             ))
         }
     });
+    // Services: each from its own provider, written by its own host.
+    let web = cluster.service("web");
+    assert!(in_fake_pool(&ingress_ip(&web).unwrap()), "{web}");
+    assert_eq!(
+        web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION],
+        "fake"
+    );
+    let metal_web = cluster.service("metal-web");
+    assert_eq!(ingress_ip(&metal_web).as_deref(), Some("192.0.2.1"));
+    assert_eq!(
+        metal_web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION],
+        "metal"
+    );
+    assert!(cluster.metal_allocation("metal-web").is_some());
+    assert_eq!(cluster.metal_allocation("web"), None);
+    assert_eq!(
+        FakeState::read(&fake_state)
+            .unwrap()
+            .load_balancers
+            .iter()
+            .map(|lb| lb.service_key())
+            .collect::<Vec<_>>(),
+        ["default/web"]
+    );
+
+    // Both Services turn ClusterIP: each host deletes its own load balancer and leaves the
+    // other's Service alone (ccm-host/load-balancer-provider names the owner).
+    for svc in ["web", "metal-web"] {
+        cluster.make_cluster_ip(svc);
+    }
+    eventually(
+        "both load balancers cleaned up by their owners",
+        &[&fake_host, &metal_host],
+        || {
+            for svc in ["web", "metal-web"] {
+                let s = cluster.service(svc);
+                if !s["metadata"]["finalizers"].is_null() || ingress_ip(&s).is_some() {
+                    return Err(format!("{svc} not cleaned up yet: {s}"));
+                }
+            }
+            if fake_lb_hosts(&fake_state, "web").is_some() {
+                return Err("the fake's load balancer for web still exists".into());
+            }
+            if cluster.metal_allocation("metal-web").is_some() {
+                return Err("metal still holds metal-web's address".into());
+            }
+            Ok(())
+        },
+    );
+
     assert_eq!(
         fake_host.stop(),
         Some(0),
@@ -1356,37 +1548,24 @@ fn two_hosts_with_one_provider_each_never_touch_each_others_nodes_or_load_balanc
         ["f-1"]
     );
 
-    // Services: each from its own provider, written by its own host.
-    let web = cluster.service("web");
-    assert!(in_fake_pool(&ingress_ip(&web).unwrap()), "{web}");
-    assert_eq!(
-        web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION],
-        "fake"
-    );
-    let metal_web = cluster.service("metal-web");
-    assert_eq!(ingress_ip(&metal_web).as_deref(), Some("192.0.2.1"));
-    assert_eq!(
-        metal_web["metadata"]["annotations"][LB_PROVIDER_ANNOTATION],
-        "metal"
-    );
-    assert!(cluster.metal_allocation("metal-web").is_some());
-    assert_eq!(cluster.metal_allocation("web"), None);
-    assert_eq!(
-        FakeState::read(&fake_state)
-            .unwrap()
-            .load_balancers
-            .iter()
-            .map(|lb| lb.service_key())
-            .collect::<Vec<_>>(),
-        ["default/web"]
-    );
     for (svc, id) in [("web", &fake_id), ("metal-web", &metal_id)] {
         let events = cluster.events_about("Service", svc);
         assert!(
             !events.is_empty() && events.iter().all(|e| &e.host == id),
             "{svc}: {events:#?}"
         );
+        assert!(
+            events.iter().any(|e| e.reason == "DeletedLoadBalancer"),
+            "{svc}: {events:#?}"
+        );
     }
+    assert!(
+        fake_calls(&fake_state)
+            .iter()
+            .filter_map(|c| c.args["service"].as_str())
+            .all(|s| s == "default/web"),
+        "the fake was asked about another Service's load balancer"
+    );
 }
 
 // ---- 7: metrics and health per provider --------------------------------------------------------
