@@ -11,7 +11,8 @@
 //!
 //! The daemons run with their default flags (client rate limits on) except the short leader
 //! election timings of `tests/daemon.rs`, a 1 s `--node-monitor-period` and what each test is
-//! about. Every wait polls until a generous deadline; nothing is asserted on time.
+//! about. Every wait polls until a generous deadline; nothing is asserted on time but the lower
+//! bound of a grace period.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
@@ -1760,7 +1761,24 @@ fn two_hosts_that_both_know_an_unclaimed_node_keep_the_first_claim() {
             "--cloud-provider-platforms=fake",
             "--leader-elect-resource-name=ccm-fake",
             "--configure-cloud-routes=false",
+            // The held question must outlast the rest of the test, not time out and be
+            // asked again.
+            "--provider-call-timeout=10m",
         ]),
+    );
+    // The fake host asks first (its cloud holds the answer), so that it decides on the node
+    // as it was before metal's claim.
+    eventually(
+        "the fake host asking its cloud about dual",
+        &[&fake_host],
+        || {
+            let asked = fake_calls_about(&fake_calls(&fake_state), "dual", "");
+            if asked.iter().any(|c| c == "instance-exists") {
+                Ok(())
+            } else {
+                Err(format!("the fake's calls about dual: {asked:?}"))
+            }
+        },
     );
     let metal_host = Host::start(
         &cluster,
@@ -1780,10 +1798,6 @@ fn two_hosts_that_both_know_an_unclaimed_node_keep_the_first_claim() {
             let n = cluster.node("dual").ok_or("dual is gone")?;
             if label(&n, PLATFORM_LABEL) != Some("metal") || pid_of(&n) != "metal://rack9-01" {
                 return Err(format!("dual not claimed and initialised by metal: {n}"));
-            }
-            let asked = fake_calls_about(&fake_calls(&fake_state), "dual", "");
-            if !asked.iter().any(|c| c == "instance-exists") {
-                return Err("the fake host has not asked its cloud yet".into());
             }
             Ok(())
         },
