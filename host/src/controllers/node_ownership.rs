@@ -195,8 +195,9 @@ async fn claim(
         }
         Verdict::Nobody => {
             let message = format!(
-                "no active cloud provider ({}) knows this node, so it stays uninitialised: set its spec.providerID \
-                 or the label {PLATFORM_LABEL}, or run the provider that owns it",
+                "no cloud provider of this host ({}) knows this node: it is left to another cloud controller \
+                 manager, and stays uninitialised if none owns it (set its spec.providerID or the label \
+                 {PLATFORM_LABEL}, or run the provider that owns it)",
                 ownership.names().join(", ")
             );
             tracing::warn!(node = name, "{message}");
