@@ -515,9 +515,15 @@ impl Daemon {
                 } else {
                     owned
                 };
+                // Each provider's controllers have API clients of their own (own rate limit, as
+                // two CCMs would), named after the provider when several run.
+                let client_name = match &scope.provider_label {
+                    Some(p) => format!("{}/{p}", name.client),
+                    None => name.client.to_string(),
+                };
                 let ctx = scope
                     .for_controller(name.canonical)
-                    .with_client(client(name.client)?);
+                    .with_client(client(&client_name)?);
                 let span = if several {
                     tracing::info_span!("provider", provider = %a.spec.name)
                 } else {
