@@ -1,8 +1,9 @@
 //! `--cloud-config` hot reload and the health probe at the provider layer, with the fake
 //! provider's `.so` (host/src/provider/lifecycle.rs): reload in place through the provider's
 //! `reconfigure`, reload by rebuilding it from its factory (initialised like the first
-//! instance, swapped in while a call is still running on the old one), and every kind of bad
-//! config keeping the old instance. The file watch and `/readyz` are tested with the real daemon
+//! instance, swapped in while a call is still running on the old one), every kind of bad
+//! config keeping the old instance, and the instance cache emptied by a reload (no answer
+//! learned under the old config is served after it). The file watch and `/readyz` are tested with the real daemon
 //! in host/tests/config_reload.rs.
 
 use std::sync::atomic::AtomicBool;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_host::controllers::{node, ControllerConfig};
-use ccm_host::provider::{HostServices, ReloadMethod};
+use ccm_host::provider::{CacheUse, HostServices, ReloadMethod};
 use ccm_integration_tests::harness::{eventually, Harness};
 use ccm_provider_abi::ErrorKind;
 use ccm_provider_fake::config::FakeConfig;
@@ -57,6 +58,36 @@ async fn initialize(h: &Harness) {
 
 fn calls_named(h: &Harness, call: &str) -> usize {
     h.calls().iter().filter(|c| c.call == call).count()
+}
+
+/// A node as the controllers hand it to the instance cache (which keeps answers per Node
+/// object: it needs the UID).
+fn cached_node(name: &str) -> Arc<Node> {
+    Arc::new(
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": format!("uid-{name}")}}))
+            .unwrap(),
+    )
+}
+
+/// Calls that asked the cloud about an instance, one node at a time or in a batch.
+fn instance_lookups(h: &Harness) -> usize {
+    calls_named(h, "instance-metadata-by-provider-id") + calls_named(h, "instances-batch")
+}
+
+/// Accept cached answers of the last hour and keep what is learned as long (node
+/// initialisation's use of the cache, with a long period).
+const KEEP: CacheUse = CacheUse {
+    max_age: Duration::from_secs(3600),
+    keep_for: Duration::from_secs(3600),
+};
+
+async fn cached_instance_type(h: &Harness, node: &Arc<Node>) -> String {
+    h.provider
+        .instance_metadata_cached(node, KEEP)
+        .await
+        .expect("InstanceMetadata answers")
+        .expect("metadata")
+        .instance_type
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -259,4 +290,98 @@ async fn the_health_probe_answers_what_the_provider_says() {
         h.provider.health().await.unwrap_err().kind(),
         ErrorKind::NOT_IMPLEMENTED
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reload_empties_the_instance_cache() {
+    for (reconfigure, bulk) in [
+        ("inPlace", false),
+        ("notImplemented", false),
+        ("inPlace", true),
+        ("notImplemented", true),
+    ] {
+        let case = format!("reconfigure: {reconfigure}, bulkInstances: {bulk}");
+        let config = |instance_type: &str| {
+            json!({"defaults": {"instanceType": instance_type}, "reconfigure": reconfigure,
+                   "bulkInstances": bulk})
+        };
+        let h = Harness::start("fake", fake(config("small"))).await;
+        let node = cached_node("n1");
+        assert_eq!(cached_instance_type(&h, &node).await, "small", "{case}");
+        assert_eq!(cached_instance_type(&h, &node).await, "small", "{case}");
+        assert_eq!(
+            instance_lookups(&h),
+            1,
+            "{case}: the second answer is the cache's"
+        );
+
+        let method = h
+            .provider
+            .reload(&config_bytes(&h, config("large")))
+            .await
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        let expected = if reconfigure == "inPlace" {
+            ReloadMethod::Reconfigure
+        } else {
+            ReloadMethod::Rebuild
+        };
+        assert_eq!(method, expected, "{case}");
+
+        assert_eq!(
+            cached_instance_type(&h, &node).await,
+            "large",
+            "{case}: the first lookup after the reload asks the cloud"
+        );
+        assert_eq!(instance_lookups(&h), 2, "{case}");
+        assert_eq!(cached_instance_type(&h, &node).await, "large", "{case}");
+        assert_eq!(instance_lookups(&h), 2, "{case}: cached again");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lookup_under_way_during_a_reload_is_neither_joined_nor_kept() {
+    let gate = tempfile::NamedTempFile::new().unwrap();
+    let h = Harness::start(
+        "fake",
+        fake(json!({
+            "defaults": {"instanceType": "small"},
+            "pause": {"InstanceMetadata": gate.path()},
+        })),
+    )
+    .await;
+    let node = cached_node("n1");
+    // A lookup blocked inside the plugin (on the pause gate) while the config changes.
+    let in_flight = {
+        let (provider, node) = (h.provider.clone(), node.clone());
+        tokio::spawn(async move { provider.instance_metadata_cached(&node, KEEP).await })
+    };
+    eventually("the lookup reached the plugin", WAIT, || {
+        (calls_named(&h, "instance-metadata-by-provider-id") == 1).then_some(())
+    })
+    .await;
+    let reloaded = h
+        .provider
+        .reload(&config_bytes(
+            &h,
+            json!({"defaults": {"instanceType": "large"}}),
+        ))
+        .await;
+    assert_eq!(reloaded, Ok(ReloadMethod::Reconfigure));
+
+    // Asked after the reload: a call of its own (the paused one would answer for the old
+    // config, and only once the gate opens).
+    let after = tokio::time::timeout(Duration::from_secs(10), cached_instance_type(&h, &node))
+        .await
+        .expect("not joined to the lookup under way");
+    assert_eq!(after, "large");
+
+    drop(gate);
+    let old = in_flight.await.unwrap().unwrap().unwrap();
+    assert_eq!(
+        old.instance_type, "small",
+        "its caller gets the answer it asked for"
+    );
+    // ... which the cache did not keep over the new one.
+    assert_eq!(cached_instance_type(&h, &node).await, "large");
+    assert_eq!(instance_lookups(&h), 2);
 }

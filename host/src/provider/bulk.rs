@@ -123,11 +123,17 @@ struct Batch {
     caller: &'static str,
     nodes: Vec<(String, Arc<Node>)>,
     query: InstanceQuery,
+    /// The instance cache's generation when the batch was sealed: its answers are kept only
+    /// if no reload cleared the cache since ([`super::instance_cache`]).
+    generation: u64,
 }
 
 struct Slot {
     batch: u64,
     sent: bool,
+    /// The cache generation its batch was sealed in (meaningful once sent): a caller joins a
+    /// sent batch only of the current generation, never a call made before a reload.
+    generation: u64,
     query: InstanceQuery,
     keep_for: Duration,
     waiters: Vec<oneshot::Sender<Answer>>,
@@ -295,13 +301,16 @@ impl Provider {
             return Ok(answer.metadata.flatten());
         }
         self.count_lookup(false);
+        let generation = self.inner.instance_cache.generation();
         let md = self.instance_metadata(node).await?;
         if !cache.keep_for.is_zero() {
             let answer = InstanceAnswer {
                 metadata: Some(md.clone()),
                 ..Default::default()
             };
-            self.inner.instance_cache.put(node, &answer, cache.keep_for);
+            self.inner
+                .instance_cache
+                .put(node, &answer, cache.keep_for, generation);
         }
         Ok(md)
     }
@@ -325,12 +334,13 @@ impl Provider {
         {
             let mut guard = batcher.lock();
             let state = &mut *guard;
+            let generation = self.inner.instance_cache.generation();
             for node in nodes {
                 let key = node_key(&node);
                 let slots = state.waiting.entry(key.clone()).or_default();
                 let joined = slots
                     .iter()
-                    .position(|s| s.sent && s.query.contains(query))
+                    .position(|s| s.sent && s.generation == generation && s.query.contains(query))
                     .or_else(|| slots.iter().position(|s| !s.sent));
                 if let Some(i) = joined {
                     let slot = &mut slots[i];
@@ -366,6 +376,7 @@ impl Provider {
                         caller: self.caller,
                         nodes: Vec::new(),
                         query,
+                        generation,
                     }
                 });
                 open.query = open.query.with(query);
@@ -378,13 +389,14 @@ impl Provider {
                 slots.push(Slot {
                     batch: open.id,
                     sent: false,
+                    generation,
                     query,
                     keep_for: cache.keep_for,
                     waiters,
                 });
                 open.nodes.push((key, node));
                 if open.nodes.len() >= batcher.max {
-                    if let Some(batch) = Self::seal(state) {
+                    if let Some(batch) = Self::seal(state, generation) {
                         full.push(batch);
                     }
                 }
@@ -406,7 +418,9 @@ impl Provider {
                 let batch = {
                     let mut state = this.inner.batcher.lock();
                     match &state.open {
-                        Some(open) if open.id == id => Self::seal(&mut state),
+                        Some(open) if open.id == id => {
+                            Self::seal(&mut state, this.inner.instance_cache.generation())
+                        }
                         _ => None,
                     }
                 };
@@ -419,9 +433,10 @@ impl Provider {
     }
 
     /// Close the open batch: its nodes now wait for its answer, which answers the union of
-    /// what was asked about them.
-    fn seal(state: &mut State) -> Option<Batch> {
-        let batch = state.open.take()?;
+    /// what was asked about them, learned in the cache's `generation` (the current one).
+    fn seal(state: &mut State, generation: u64) -> Option<Batch> {
+        let mut batch = state.open.take()?;
+        batch.generation = generation;
         for (key, _) in &batch.nodes {
             if let Some(slot) = state
                 .waiting
@@ -429,6 +444,7 @@ impl Provider {
                 .and_then(|slots| slots.iter_mut().find(|s| s.batch == batch.id))
             {
                 slot.sent = true;
+                slot.generation = generation;
                 slot.query = batch.query;
             }
         }
@@ -499,7 +515,9 @@ impl Provider {
                 state.waiting.remove(key);
             }
             if let Ok(answer) = &answer {
-                self.inner.instance_cache.put(node, answer, slot.keep_for);
+                self.inner
+                    .instance_cache
+                    .put(node, answer, slot.keep_for, batch.generation);
             }
             for waiter in slot.waiters {
                 let _ = waiter.send(answer.clone());

@@ -19,6 +19,12 @@
 //! An entry belongs to one Node object (its UID) and the provider ID it was asked about; an
 //! answer learned before the node had a provider ID also serves the node once it carries the
 //! provider ID of that answer's metadata (initialisation sets it).
+//!
+//! A `--cloud-config` reload empties the cache ([`InstanceCache::clear`], called by
+//! `Provider::reload` once the new configuration is in force): what the cloud said under the old
+//! credentials, account or region is not served after it. Each clear starts a new
+//! *generation*; an answer whose call started in an older one (a lookup in flight during the
+//! reload) is not kept either.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -143,6 +149,8 @@ struct State {
     /// By node name.
     entries: HashMap<String, Entry>,
     puts: u32,
+    /// Bumped by every [`InstanceCache::clear`].
+    generation: u64,
 }
 
 impl InstanceCache {
@@ -175,8 +183,28 @@ impl InstanceCache {
         answer.answers(query).then_some(answer)
     }
 
-    /// Keep what `answer` says about `node` for `keep_for` (nothing when zero).
-    pub(crate) fn put(&self, node: &Node, answer: &InstanceAnswer, keep_for: Duration) {
+    /// The generation now: read it before asking the cloud, hand it to [`InstanceCache::put`]
+    /// with the answer.
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Forget every answer and start a new generation (a `--cloud-config` reload).
+    pub(crate) fn clear(&self) {
+        let mut state = self.lock();
+        state.entries = HashMap::new();
+        state.generation = state.generation.wrapping_add(1);
+    }
+
+    /// Keep what `answer` says about `node` for `keep_for` (nothing when zero, nor when the
+    /// call that learned it started in another `generation` than the current one).
+    pub(crate) fn put(
+        &self,
+        node: &Node,
+        answer: &InstanceAnswer,
+        keep_for: Duration,
+        generation: u64,
+    ) {
         let Some(name) = node.metadata.name.as_deref() else {
             return;
         };
@@ -185,6 +213,10 @@ impl InstanceCache {
         }
         let metadata = answer.metadata.clone().flatten();
         let mut state = self.lock();
+        if state.generation != generation {
+            // Learned under a configuration that is no longer in force.
+            return;
+        }
         if answer.exists == Some(false) {
             // Never kept (a caller that needs "does not exist" asks the cloud), and whatever
             // was kept about the instance is no longer true.
@@ -264,7 +296,7 @@ mod tests {
             metadata: Some(Some(md("fake://a"))),
             ..Default::default()
         };
-        c.put(&n, &answer, 5 * MIN);
+        c.put(&n, &answer, 5 * MIN, 0);
         assert_eq!(c.get(&n, MD, MIN), Some(answer.clone()));
         assert_eq!(c.get(&n, MD, Duration::ZERO), None, "max-age 0: always ask");
         assert_eq!(c.get(&n, InstanceQuery::EXISTS, MIN), None, "not asked");
@@ -283,7 +315,7 @@ mod tests {
             metadata: Some(Some(md("fake://a"))),
             ..Default::default()
         };
-        c.put(&n, &answer, Duration::ZERO);
+        c.put(&n, &answer, Duration::ZERO, 0);
         assert_eq!(c.len(), 0);
         c.put(
             &n,
@@ -292,6 +324,7 @@ mod tests {
                 ..Default::default()
             },
             MIN,
+            0,
         );
         assert_eq!(c.len(), 0, "(nil, nil) is not an answer to keep");
     }
@@ -306,7 +339,7 @@ mod tests {
             metadata: Some(Some(md("fake://a"))),
             ..Default::default()
         };
-        c.put(&tainted, &answer, MIN);
+        c.put(&tainted, &answer, MIN, 0);
         assert!(c.get(&tainted, MD, MIN).is_some());
         // Initialised with the answer's provider ID: still about it.
         assert_eq!(c.get(&node("a", "u1", "fake://a"), MD, MIN), Some(answer));
@@ -320,7 +353,7 @@ mod tests {
             shutdown: Some(true),
             ..Default::default()
         };
-        c.put(&again, &shut, MIN);
+        c.put(&again, &shut, MIN, 0);
         assert_eq!(c.get(&tainted, InstanceQuery::EXISTS, MIN), None);
         assert_eq!(c.get(&again, InstanceQuery::SHUTDOWN, MIN), Some(shut));
     }
@@ -337,7 +370,7 @@ mod tests {
             gone.answers(MD.with(InstanceQuery::SHUTDOWN)),
             "does not exist answers metadata and shutdown too"
         );
-        c.put(&n, &gone, MIN);
+        c.put(&n, &gone, MIN, 0);
         assert_eq!(c.len(), 0);
         c.put(
             &n,
@@ -347,9 +380,10 @@ mod tests {
                 ..Default::default()
             },
             MIN,
+            0,
         );
         assert!(c.get(&n, MD, MIN).is_some());
-        c.put(&n, &gone, MIN);
+        c.put(&n, &gone, MIN, 0);
         assert_eq!(c.get(&n, MD, MIN), None, "forgotten");
         assert_eq!(c.get(&n, InstanceQuery::EXISTS, MIN), None);
     }
@@ -366,6 +400,7 @@ mod tests {
                 ..Default::default()
             },
             MIN,
+            0,
         );
         tokio::time::advance(Duration::from_secs(10)).await;
         c.put(
@@ -376,6 +411,7 @@ mod tests {
                 ..Default::default()
             },
             MIN,
+            0,
         );
         let both = InstanceQuery::EXISTS.with(InstanceQuery::SHUTDOWN);
         let five = Duration::from_secs(5);
@@ -392,10 +428,31 @@ mod tests {
             ..Default::default()
         };
         for i in 0..SWEEP_EVERY - 1 {
-            c.put(&node(&format!("n{i}"), "u", ""), &answer, MIN);
+            c.put(&node(&format!("n{i}"), "u", ""), &answer, MIN, 0);
         }
         tokio::time::advance(2 * MIN).await;
-        c.put(&node("last", "u", ""), &answer, MIN);
+        c.put(&node("last", "u", ""), &answer, MIN, 0);
         assert_eq!(c.len(), 1, "only the fresh entry is left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clear_forgets_every_answer_and_refuses_answers_of_calls_started_before_it() {
+        let c = InstanceCache::default();
+        let n = node("a", "u1", "fake://a");
+        let answer = InstanceAnswer {
+            metadata: Some(Some(md("fake://a"))),
+            ..Default::default()
+        };
+        let before = c.generation();
+        c.put(&n, &answer, MIN, before);
+        assert!(c.get(&n, MD, MIN).is_some());
+        c.clear();
+        assert_eq!(c.get(&n, MD, MIN), None, "cleared");
+        // A call that started before the clear answers after it: not kept.
+        c.put(&n, &answer, MIN, before);
+        assert_eq!(c.len(), 0);
+        // A call of the new generation: kept.
+        c.put(&n, &answer, MIN, c.generation());
+        assert!(c.get(&n, MD, MIN).is_some());
     }
 }

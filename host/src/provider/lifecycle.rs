@@ -329,11 +329,18 @@ impl Provider {
     /// Apply new cloud-config bytes: the provider's `reconfigure`, else a rebuilt instance
     /// swapped in once initialised (see the module documentation). On `Err` the current
     /// instance stays as it was. Counted in `ccm_cloud_config_reloads_total`.
+    ///
+    /// Once the new configuration is in force the instance cache is emptied: answers learned
+    /// under the old credentials or settings are not served after a reload, nor kept when
+    /// their call was under way during it ([`super::instance_cache`]).
     pub async fn reload(&self, config: &[u8]) -> Result<ReloadMethod, ReloadError> {
         let lifecycle = self.inner.lifecycle.lock().await;
         let result = self.try_reload(&lifecycle, config).await;
         match &result {
-            Ok(method) => self.inner.reload_metrics.count(*method, true),
+            Ok(method) => {
+                self.inner.instance_cache.clear();
+                self.inner.reload_metrics.count(*method, true);
+            }
             Err(e) => self.inner.reload_metrics.count(e.method, false),
         }
         result

@@ -487,14 +487,16 @@ impl Provider {
     }
 
     /// A read-only call that may be shared: while a call with the same `op` and `key` is in
-    /// flight, a second caller waits for its answer instead of calling the plugin again.
-    /// The plugin call is cancelled only when every waiter has gone away.
+    /// flight, a second caller waits for its answer instead of calling the plugin again (never
+    /// one that started before a `--cloud-config` reload: the key carries the instance cache's
+    /// generation, which every reload bumps). The plugin call is cancelled only when every
+    /// waiter has gone away.
     async fn read_call<T, F>(&self, op: &'static str, key: String, f: F) -> Result<T, ProviderError>
     where
         T: limits::Bounded + Clone + Send + Sync + 'static,
         F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
     {
-        let key = format!("{op}\0{key}");
+        let key = format!("{op}\0{}\0{key}", self.inner.instance_cache.generation());
         let shared: SharedCall<T> = {
             let mut reads = self
                 .inner
