@@ -135,24 +135,48 @@ const EXAMPLE_CONFIG: &str = concat!(
 fn fake_provider_passes_every_check_v2_and_legacy() {
     let dir = tempfile::tempdir().unwrap();
     let config = write(dir.path(), "fake.yaml", FAKE_CONFIG);
-    for provider in ["fake", "fake-v1"] {
+    // The same cloud with bulk instance lookups (ABI 1.1): the instances-batch check runs.
+    let bulk_config = write(
+        dir.path(),
+        "fake-bulk.yaml",
+        &format!("{FAKE_CONFIG}bulkInstances: true\n"),
+    );
+    for (provider, bulk) in [
+        ("fake", false),
+        ("fake-v1", false),
+        ("fake", true),
+        ("fake-v1", true),
+    ] {
         let run = check(
             dir.path(),
             &[
                 "--cloud-provider",
                 provider,
                 "--cloud-config",
-                &config,
+                if bulk { &bulk_config } else { &config },
                 "--shutdown-node",
                 "stopped-1",
                 "-o",
                 "json",
             ],
         );
-        assert_eq!(run.code, 0, "{provider}: {}\n{}", run.stdout, run.stderr);
+        let case = format!("{provider} (bulkInstances: {bulk})");
+        assert_eq!(run.code, 0, "{case}: {}\n{}", run.stdout, run.stderr);
         let checks = run.checks();
-        assert_eq!(checks.len(), 22, "{provider}: every check reported");
-        assert_eq!(run.with_status("pass").len(), 22, "{provider}: {checks:#?}");
+        assert_eq!(checks.len(), 23, "{case}: every check reported");
+        if bulk {
+            assert_eq!(run.with_status("pass").len(), 23, "{case}: {checks:#?}");
+            assert!(
+                checks["instances-batch"]
+                    .1
+                    .starts_with("one InstancesBatch about 5 nodes answers as"),
+                "{case}: {}",
+                checks["instances-batch"].1
+            );
+        } else {
+            assert_eq!(run.with_status("pass").len(), 22, "{case}: {checks:#?}");
+            assert_eq!(run.with_status("skip"), ["instances-batch"], "{case}");
+        }
         let report = run.json();
         assert_eq!(report["subject"]["providerName"], provider);
         assert_eq!(report["failed"], 0);
@@ -215,7 +239,7 @@ fn example_provider_passes_with_its_shipped_config() {
         .contains("route-controller    skip    skipped (no Routes)\n"));
     assert!(
         run.stdout
-            .ends_with("22 checks: 13 passed, 0 failed, 9 skipped\n"),
+            .ends_with("23 checks: 13 passed, 0 failed, 10 skipped\n"),
         "{}",
         run.stdout
     );
@@ -234,14 +258,19 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
     );
     // (provider, failed checks, skipped checks): a root cause fails one check, the checks that
     // depend on it are skipped naming it.
-    let cases: [(&str, Expected, Expected); 5] = [
+    // Without bulk lookups the instances-batch check skips.
+    const NO_BULK: (&str, &str) = (
+        "instances-batch",
+        "skipped (no BULK_INSTANCES: the controllers ask node by node)",
+    );
+    let cases: [(&str, Expected, Expected); 6] = [
         (
             "broken-lb",
             &[(
                 "lb-idempotent",
                 "the second EnsureLoadBalancer with the same Service and nodes returned [192.0.2.2] after [192.0.2.1]: not idempotent",
             )],
-            &[],
+            &[NO_BULK],
         ),
         (
             "broken-panic",
@@ -255,7 +284,10 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
                     "InstanceShutdown×",
                 ),
             ],
-            &[("node-lifecycle", "skipped: depends on instance-shutdown")],
+            &[
+                ("instances-batch", "skipped: depends on instance-shutdown"),
+                ("node-lifecycle", "skipped: depends on instance-shutdown"),
+            ],
         ),
         (
             "broken-providerid",
@@ -267,6 +299,7 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
                 ("provider-id-stable", "skipped: depends on provider-id"),
                 ("instance-exists", "skipped: depends on provider-id"),
                 ("instance-shutdown", "skipped: depends on provider-id"),
+                ("instances-batch", "skipped: depends on provider-id"),
                 ("node-lifecycle", "skipped: depends on provider-id"),
             ],
         ),
@@ -276,7 +309,7 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
                 "lb-distinct",
                 "Services default/ccm-check-direct and default/ccm-check-second both got 192.0.2.1: two Services must not share a load-balancer address",
             )],
-            &[],
+            &[NO_BULK],
         ),
         (
             "broken-ignores-hosts",
@@ -284,7 +317,29 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
                 "lb-hosts",
                 "after UpdateLoadBalancer with hosts [ccm-check-1] the load balancer targets [ccm-check-1,ccm-check-2,ccm-check-3]",
             )],
-            &[],
+            &[NO_BULK],
+        ),
+        (
+            "broken-batch",
+            &[
+                (
+                    "instances-batch",
+                    "nodes ccm-check-1, ccm-check-2, ccm-check-3: metadata differs (InstancesBatch / InstanceMetadata): instance type \"broken.large\" / \"broken.small\"",
+                ),
+                (
+                    "instances-batch",
+                    "node ccm-check-absent-",
+                ),
+                (
+                    "instances-batch",
+                    "InstancesBatch answered instance_not_found error: instance not found for providerID \"broken-batch://ccm-check-absent-",
+                ),
+                (
+                    "instances-batch",
+                    "the contract is exists: false, not an error",
+                ),
+            ],
+            &[("node-lifecycle", "skipped: depends on instances-batch")],
         ),
     ];
     for (provider, failed, skipped) in cases {
@@ -302,7 +357,8 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
         assert_eq!(run.code, 1, "{provider}: {}\n{}", run.stdout, run.stderr);
         let checks = run.checks();
         for (status, expected) in [("fail", failed), ("skip", skipped)] {
-            let want: Vec<String> = expected.iter().map(|(id, _)| id.to_string()).collect();
+            let mut want: Vec<String> = expected.iter().map(|(id, _)| id.to_string()).collect();
+            want.dedup();
             assert_eq!(
                 run.with_status(status),
                 want,
@@ -381,13 +437,14 @@ fn a_hung_call_costs_one_deadline_is_named_and_the_checks_that_need_it_are_skipp
                     "zone-region",
                     "instance-exists",
                     "instance-shutdown",
+                    "instances-batch",
                     "node-lifecycle",
                 ],
             ),
             _ => (
                 "instance-shutdown",
                 "InstanceShutdown(ccm-check-1) did not return within 5s",
-                &["node-lifecycle"],
+                &["instances-batch", "node-lifecycle"],
             ),
         };
         assert_eq!(run.with_status("fail"), [check], "{provider}: {checks:#?}");
@@ -520,7 +577,7 @@ fn a_cloud_that_synthesises_every_instance_fails_the_absent_instance_checks() {
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     assert_eq!(
         run.with_status("skip"),
-        ["instance-absent", "node-lifecycle"]
+        ["instance-absent", "instances-batch", "node-lifecycle"]
     );
     assert_eq!(run.checks()["node-lifecycle"].1, "skipped (--skip)");
 }
@@ -531,7 +588,7 @@ fn usage_errors_exit_2_with_one_clear_line() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec!["--cloud-provider".into(), "nope".into()],
-            "error: unknown cloud provider \"nope\". Available: broken-hang (from ",
+            "error: unknown cloud provider \"nope\". Available: broken-batch (from ",
         ),
         (
             vec![

@@ -1,9 +1,12 @@
 //! Node checks: initialisation by the real cloud-node controller, provider IDs, addresses,
-//! zones, existence and shutdown semantics, and one pass of the real lifecycle controller.
+//! zones, existence and shutdown semantics, the ABI 1.1 bulk lookup against the per-node
+//! methods, and one pass of the real lifecycle controller.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use ccm_provider_abi::ErrorKind;
+use ccm_provider_abi::ext::InstanceQuery;
+use ccm_provider_abi::{ErrorKind, InstanceMetadata, InstanceStatus, ProviderError};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::DeleteParams;
 use kube::Api;
@@ -43,6 +46,16 @@ fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|l| l.get(key))
         .map(String::as_str)
+}
+
+/// The provider ID an answer gives the node, as the node controller takes it: the node's own
+/// when the metadata has none.
+fn normalised_provider_id(md: &InstanceMetadata, node: &Node) -> String {
+    if md.provider_id.is_empty() {
+        provider_id_of(node).to_string()
+    } else {
+        md.provider_id.clone()
+    }
 }
 
 impl Suite {
@@ -130,10 +143,24 @@ impl Suite {
         );
         step!(
             self,
+            "instances-batch",
+            self.no_bulk(),
+            self.instances_batch().await
+        );
+        step!(
+            self,
             "node-lifecycle",
             self.no_instances(),
             self.node_lifecycle().await
         );
+    }
+
+    fn no_bulk(&self) -> Option<String> {
+        self.none_initialised().or_else(|| {
+            (!self.provider.bulk_instances()).then(|| {
+                "skipped (no BULK_INSTANCES: the controllers ask node by node)".to_string()
+            })
+        })
     }
 
     /// Initialisations the node controller has finished (taint removed, then addresses
@@ -620,6 +647,276 @@ impl Suite {
             None => detail.push_str(" (no --shutdown-node given)"),
         }
         Outcome::from_problems(problems, detail)
+    }
+
+    /// What the per-node methods answer about `node` (the reference for the bulk lookup):
+    /// existence, shutdown, metadata (upstream's `(nil, nil)` as `None`).
+    async fn per_node_answers(
+        &self,
+        node: &Node,
+    ) -> Result<(bool, bool, Option<InstanceMetadata>), String> {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let exists = self
+            .direct(
+                self.exists_method(),
+                name,
+                node_lifecycle::ensure_node_exists(&self.provider, node),
+            )
+            .await
+            .map_err(|e| format!("{}: {}", self.exists_method(), err_text(&e)))?;
+        if !exists {
+            return Ok((false, false, None));
+        }
+        let shutdown = self
+            .direct(
+                self.shutdown_method(),
+                name,
+                node_lifecycle::shutdown_in_cloud_provider(&self.provider, node),
+            )
+            .await
+            .map_err(|e| format!("{}: {}", self.shutdown_method(), err_text(&e)))?;
+        let metadata = if self.caps.instances_v2 {
+            self.direct(
+                "InstanceMetadata",
+                name,
+                self.provider.instance_metadata(node),
+            )
+            .await
+        } else {
+            // What the node controller puts together from the Instances (and Zones) methods.
+            let composed = async {
+                node::get_instance_metadata(&self.provider, node)
+                    .await
+                    .map_err(ProviderError::other)
+            };
+            self.direct("InstanceMetadata", name, composed).await
+        }
+        .map_err(|e| format!("{}: {}", self.metadata_method(), err_text(&e)))?;
+        Ok((true, shutdown, metadata))
+    }
+
+    fn metadata_method(&self) -> &'static str {
+        if self.caps.instances_v2 {
+            "InstanceMetadata"
+        } else {
+            "the Instances methods"
+        }
+    }
+
+    /// The ABI 1.1 bulk lookup against the per-node methods: one `InstancesBatch` call about
+    /// every initialised node and the absent one must answer each of them, in order, as
+    /// `InstanceExists`, `InstanceShutdown` and `InstanceMetadata` do (the controllers use
+    /// either, depending on the provider); a node without an instance is `exists: false`, not
+    /// an error.
+    async fn instances_batch(&self) -> Outcome {
+        let checked: Vec<Arc<Node>> = self.initialised.values().cloned().map(Arc::new).collect();
+        let absent = Arc::new(self.absent_node());
+        let mut nodes = checked.clone();
+        nodes.push(absent.clone());
+        let query = InstanceQuery::EXISTS
+            .with(InstanceQuery::SHUTDOWN)
+            .with(InstanceQuery::METADATA);
+        let asked = count(nodes.len(), "node");
+        let mut answers = match self
+            .direct(
+                "InstancesBatch",
+                &asked,
+                self.provider.instances_batch(&nodes, query),
+            )
+            .await
+        {
+            Ok(answers) => answers,
+            Err(e) => {
+                return Outcome::fail(format!(
+                    "InstancesBatch about {asked} ({} and {}, which has no instance): {}",
+                    self.initialised
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.absent.name,
+                    err_text(&e)
+                ))
+            }
+        };
+        let absent_answer = answers.pop();
+        // Problems by node (grouped when several nodes have the same one).
+        let mut problems: Vec<(String, String)> = Vec::new();
+        // What the per-node methods say about each checked node.
+        let mut singles = Vec::new();
+        for node in &checked {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            match self.per_node_answers(node).await {
+                Ok(single) => singles.push(Some(single)),
+                Err(e) => {
+                    problems.push((name, format!("not compared: {e}")));
+                    singles.push(None);
+                }
+            }
+        }
+        // Whose instance each provider ID is, per the per-node answers (to name an answer given
+        // for another node).
+        let owners: Vec<(&str, String)> = checked
+            .iter()
+            .zip(&singles)
+            .filter_map(|(n, single)| {
+                let md = single.as_ref()?.2.as_ref()?;
+                Some((
+                    n.metadata.name.as_deref().unwrap_or_default(),
+                    normalised_provider_id(md, n),
+                ))
+            })
+            .collect();
+        for ((node, answer), single) in checked.iter().zip(answers).zip(&singles) {
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            let Some((exists, shutdown, metadata)) = single else {
+                continue;
+            };
+            let status = match answer {
+                Ok(status) => status,
+                Err(e) => {
+                    problems.push((
+                        name.to_string(),
+                        format!(
+                            "InstancesBatch answered {} where {} answers {exists}",
+                            err_text(&e),
+                            self.exists_method()
+                        ),
+                    ));
+                    continue;
+                }
+            };
+            let differences =
+                self.batch_differences(node, &status, *exists, *shutdown, metadata.as_ref());
+            if differences.is_empty() {
+                continue;
+            }
+            let mut line = differences.join("; ");
+            let someone_else = status
+                .metadata
+                .as_ref()
+                .map(|md| normalised_provider_id(md, node))
+                .and_then(|id| owners.iter().find(|(n, p)| *p == id && *n != name));
+            if let Some((other, _)) = someone_else {
+                line.push_str(&format!(
+                    " (that is node {other}'s instance: are the answers in the order of the nodes asked?)"
+                ));
+            }
+            problems.push((name.to_string(), line));
+        }
+        let absent_name = &self.absent.name;
+        let absent_id = provider_id_of(&absent);
+        let absent_problem = match absent_answer {
+            Some(Ok(status)) if !status.exists => None,
+            Some(Ok(_)) => Some(format!(
+                "InstancesBatch says the instance of providerID {absent_id:?} exists, but none has that ID ({} says it does not)",
+                self.exists_method()
+            )),
+            Some(Err(e)) => Some(format!(
+                "InstancesBatch answered {} for providerID {absent_id:?}, which no instance has; the contract is exists: false, not an error (the lifecycle controller never deletes such a Node otherwise)",
+                err_text(&e)
+            )),
+            None => Some("InstancesBatch gave no answer".to_string()),
+        };
+        if let Some(problem) = absent_problem {
+            problems.push((absent_name.clone(), problem));
+        }
+        Outcome::from_problems(
+            per_node(problems),
+            format!(
+                "one InstancesBatch about {asked} answers as {}, {} and {} do, in order; {absent_name} (no instance): exists: false",
+                self.exists_method(),
+                self.shutdown_method(),
+                self.metadata_method(),
+            ),
+        )
+    }
+
+    /// How a node's answer in a batch differs from the per-node answers (empty: it agrees).
+    fn batch_differences(
+        &self,
+        node: &Node,
+        status: &InstanceStatus,
+        exists: bool,
+        shutdown: bool,
+        metadata: Option<&InstanceMetadata>,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        if status.exists != exists {
+            out.push(format!(
+                "InstancesBatch says exists: {}, {} says {exists}",
+                status.exists,
+                self.exists_method()
+            ));
+            return out;
+        }
+        if !exists {
+            return out;
+        }
+        if status.shutdown != shutdown {
+            out.push(format!(
+                "InstancesBatch says shutdown: {}, {} says {shutdown}",
+                status.shutdown,
+                self.shutdown_method()
+            ));
+        }
+        let method = self.metadata_method();
+        match (&status.metadata, metadata) {
+            (None, None) => {}
+            (Some(_), None) => out.push(format!(
+                "InstancesBatch returns metadata, {method} none (nil)"
+            )),
+            (None, Some(_)) => out.push(format!(
+                "InstancesBatch returns no metadata (nil), {method} does"
+            )),
+            (Some(batch), Some(single)) => {
+                let mut fields = Vec::new();
+                let (batch_id, single_id) = (
+                    normalised_provider_id(batch, node),
+                    normalised_provider_id(single, node),
+                );
+                if batch_id != single_id {
+                    fields.push(format!("providerID {batch_id:?} / {single_id:?}"));
+                }
+                if batch.instance_type != single.instance_type {
+                    fields.push(format!(
+                        "instance type {:?} / {:?}",
+                        batch.instance_type, single.instance_type
+                    ));
+                }
+                if batch.node_addresses != single.node_addresses {
+                    let list = |md: &InstanceMetadata| {
+                        md.node_addresses
+                            .iter()
+                            .map(|a| format!("{}={}", a.type_, a.address))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    };
+                    fields.push(format!("addresses [{}] / [{}]", list(batch), list(single)));
+                }
+                // The Instances methods have no zone (the Zones ones do) nor extra labels.
+                let zones = self.caps.instances_v2 || self.caps.zones;
+                if zones && (batch.zone != single.zone || batch.region != single.region) {
+                    fields.push(format!(
+                        "zone/region {}/{} / {}/{}",
+                        batch.zone, batch.region, single.zone, single.region
+                    ));
+                }
+                if self.caps.instances_v2 && batch.additional_labels != single.additional_labels {
+                    fields.push(format!(
+                        "additional labels {:?} / {:?}",
+                        batch.additional_labels, single.additional_labels
+                    ));
+                }
+                if !fields.is_empty() {
+                    out.push(format!(
+                        "metadata differs (InstancesBatch / {method}): {}",
+                        fields.join(", ")
+                    ));
+                }
+            }
+        }
+        out
     }
 
     /// One pass of the real lifecycle controller over the scene plus a NotReady node whose

@@ -40,6 +40,10 @@ pub const CHECKS: &[(&str, &str)] = &[
         "running instances are not shut down; a stopped one exists and is shut down",
     ),
     (
+        "instances-batch",
+        "InstancesBatch (ABI 1.1 bulk lookup) answers every node, in order, as the per-node methods do; a node without an instance is exists: false",
+    ),
+    (
         "node-lifecycle",
         "cloud-node-lifecycle-controller deletes the absent node and keeps the others",
     ),
@@ -98,8 +102,17 @@ pub const DEPENDS: &[(&str, &[&str])] = &[
     ("instance-absent", &["initialize"]),
     ("instance-shutdown", &["provider-id"]),
     (
-        "node-lifecycle",
+        "instances-batch",
         &["instance-exists", "instance-absent", "instance-shutdown"],
+    ),
+    (
+        "node-lifecycle",
+        &[
+            "instance-exists",
+            "instance-absent",
+            "instance-shutdown",
+            "instances-batch",
+        ],
     ),
     ("lb-ensure", &["initialize"]),
     ("lb-idempotent", &["lb-ensure"]),

@@ -525,8 +525,11 @@ impl Provider {
         }
     }
 
-    /// One `InstancesBatch` call through the call path: one answer per node, in order.
-    async fn instances_batch(
+    /// One `InstancesBatch` call through the call path: one answer per node, in order (a
+    /// count that differs is an error of the call). Outside the batches and the cache: the
+    /// controllers use [`Provider::instance_answers`]; `ccm-host check` compares this with the
+    /// per-node methods.
+    pub async fn instances_batch(
         &self,
         nodes: &[Arc<Node>],
         query: InstanceQuery,
