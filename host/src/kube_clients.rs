@@ -15,6 +15,13 @@
 //!
 //! As upstream, the client-side limit is per client, not per process: the process as a whole
 //! may send (controllers + 2) × `--kube-api-qps` requests per second at most.
+//!
+//! What the clients share is the HTTP stack below the limit: connections, the TLS
+//! configuration and authentication, built once per configuration (client-go likewise shares
+//! one transport between the clientsets of one configuration). A kube stack of its own per
+//! client parsed the system's root certificates into a TLS verifier of its own (~90 KB each,
+//! a dozen clients) and kept connections and read buffers of its own: about 1 MiB of the
+//! host's memory target (BENCHMARKS.md, memory).
 
 use kube::Client;
 
@@ -29,6 +36,8 @@ pub const SHARED_INFORMERS: &str = "shared-informers";
 #[derive(Clone)]
 pub struct KubeClients {
     config: kube::Config,
+    /// The HTTP stack every client sends through (connections, TLS, authentication).
+    base: Client,
     qps: f64,
     burst: u32,
 }
@@ -50,30 +59,39 @@ impl KubeClients {
     /// When no client can be built from `config` (checked once here, so [`Self::client`] only
     /// fails for the same reasons).
     pub fn new(config: kube::Config, qps: f64, burst: u32) -> Result<Self, String> {
-        let clients = Self { config, qps, burst };
-        clients.client(LEADER_ELECTION)?;
-        Ok(clients)
+        let mut base = config.clone();
+        base.headers
+            .retain(|(header, _)| header != http::header::USER_AGENT);
+        let base = kube::client::ClientBuilder::try_from(base)
+            .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?
+            .build();
+        Ok(Self {
+            config,
+            base,
+            qps,
+            burst,
+        })
     }
 
-    /// A new client named `name`: its own connection pool, its own token bucket and the
-    /// User-Agent [`user_agent`]`(name)` on every request.
+    /// A new client named `name`: its own token bucket and the User-Agent
+    /// [`user_agent`]`(name)` on every request, over the shared HTTP stack.
     ///
     /// # Errors
     /// When the configuration cannot make a client (e.g. unreadable TLS material).
     pub fn client(&self, name: &str) -> Result<Client, String> {
-        let mut config = self.config.clone();
         let agent = http::HeaderValue::from_str(&user_agent(name))
             .map_err(|e| format!("invalid client name {name:?}: {e}"))?;
-        config
-            .headers
-            .retain(|(header, _)| header != http::header::USER_AGENT);
-        config.headers.push((http::header::USER_AGENT, agent));
-        let builder = kube::client::ClientBuilder::try_from(config)
-            .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+        let base = self.base.clone();
+        let service = tower::service_fn(move |mut request: http::Request<kube::client::Body>| {
+            let base = base.clone();
+            request
+                .headers_mut()
+                .insert(http::header::USER_AGENT, agent.clone());
+            async move { base.send(request).await }
+        });
         let limiter = FairLimiter::new(self.qps, self.burst);
-        Ok(builder
-            .with_layer(&RateLimitLayer::new(limiter, "kube-api"))
-            .build())
+        let service = tower::Layer::layer(&RateLimitLayer::new(limiter, "kube-api"), service);
+        Ok(Client::new(service, self.config.default_namespace.clone()))
     }
 }
 

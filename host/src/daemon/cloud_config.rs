@@ -18,6 +18,10 @@
 //! the directory after every symlink swap (an inotify watch on the file follows the old inode,
 //! which kubelet deletes) and that do not fire on some network and FUSE file systems.
 //!
+//! The watch keeps a SHA-256 digest of the bytes in force (and of the last ones that failed),
+//! not the bytes: a cloud config can be large (an inventory, a CA bundle) and the factory has
+//! them already.
+//!
 //! A failed reload keeps the provider in force, logs one ERROR line and counts
 //! `ccm_cloud_config_reloads_total{result="failure"}`; the same bytes are not tried again (fix
 //! the file; a restart also retries). A file that cannot be read is one ERROR line (and one
@@ -80,15 +84,27 @@ pub enum Change {
     Unreadable(String),
 }
 
+/// A SHA-256 digest of a config's bytes.
+type Digest = [u8; 32];
+
+fn digest(bytes: &[u8]) -> Digest {
+    let mut out = [0; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    out
+}
+
 /// The `--cloud-config` file and what was done with it.
 #[derive(Debug)]
 pub struct ConfigFile {
     path: PathBuf,
     stamp: Option<Stamp>,
-    /// The bytes in force.
-    applied: Vec<u8>,
-    /// The last bytes whose reload failed.
-    failed: Option<Vec<u8>>,
+    /// The bytes read at start, for the provider's factory ([`ConfigFile::bytes`]); dropped
+    /// when the watch starts ([`spawn`]).
+    initial: Vec<u8>,
+    /// The digest of the bytes in force.
+    applied: Digest,
+    /// The digest of the last bytes whose reload failed.
+    failed: Option<Digest>,
     /// The last read problem reported.
     problem: Option<String>,
 }
@@ -100,15 +116,16 @@ impl ConfigFile {
         Self {
             path: path.to_path_buf(),
             stamp,
-            applied: bytes,
+            applied: digest(&bytes),
+            initial: bytes,
             failed: None,
             problem: None,
         }
     }
 
-    /// The bytes in force.
+    /// The bytes read at start (empty once the watch has started: it keeps their digest only).
     pub fn bytes(&self) -> &[u8] {
-        &self.applied
+        &self.initial
     }
 
     /// The path given with `--cloud-config`.
@@ -131,7 +148,8 @@ impl ConfigFile {
         };
         self.problem = None;
         self.stamp = Some(stamp);
-        if bytes == self.applied || self.failed.as_ref() == Some(&bytes) {
+        let seen = digest(&bytes);
+        if seen == self.applied || self.failed == Some(seen) {
             return Change::None;
         }
         Change::New(bytes)
@@ -148,14 +166,14 @@ impl ConfigFile {
     }
 
     /// `bytes` are in force now.
-    pub fn applied(&mut self, bytes: Vec<u8>) {
-        self.applied = bytes;
+    pub fn applied(&mut self, bytes: &[u8]) {
+        self.applied = digest(bytes);
         self.failed = None;
     }
 
     /// Reloading `bytes` failed (they are not tried again).
-    pub fn failed(&mut self, bytes: Vec<u8>) {
-        self.failed = Some(bytes);
+    pub fn failed(&mut self, bytes: &[u8]) {
+        self.failed = Some(digest(bytes));
     }
 }
 
@@ -168,6 +186,8 @@ pub fn spawn(
     probe: Option<HealthProbe>,
     stop: CancellationToken,
 ) {
+    // The factory has had the bytes read at start; from here on only their digest is needed.
+    file.initial = Vec::new();
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -210,7 +230,7 @@ pub fn spawn(
                             method = method.as_str(),
                             "--cloud-config {path} changed: cloud provider {how}"
                         );
-                        file.applied(bytes);
+                        file.applied(&bytes);
                         if let Some(probe) = &probe {
                             probe.probe_now();
                         }
@@ -221,7 +241,7 @@ pub fn spawn(
                             method = e.method.as_str(),
                             "--cloud-config {path} changed but cannot be applied, keeping the cloud provider as it was: {e}"
                         );
-                        file.failed(bytes);
+                        file.failed(&bytes);
                     }
                 },
             }
@@ -263,7 +283,7 @@ mod tests {
         kubelet_volume(dir.path(), "v2", "region: b\n");
         std::fs::remove_dir_all(dir.path().join("..v1")).unwrap();
         assert_eq!(file.poll(), Change::New(b"region: b\n".to_vec()));
-        file.applied(b"region: b\n".to_vec());
+        file.applied(b"region: b\n");
         assert_eq!(file.poll(), Change::None);
 
         // Another key of the Secret changed: a new directory, our bytes the same.
@@ -280,7 +300,7 @@ mod tests {
         // Same size, same second: the identity may not change, the racy window re-reads it.
         std::fs::write(&path, "a: 2\n").unwrap();
         assert_eq!(file.poll(), Change::New(b"a: 2\n".to_vec()));
-        file.failed(b"a: 2\n".to_vec());
+        file.failed(b"a: 2\n");
         assert_eq!(file.poll(), Change::None, "reported once");
         std::fs::write(&path, "a: 3\n").unwrap();
         assert_eq!(file.poll(), Change::New(b"a: 3\n".to_vec()));

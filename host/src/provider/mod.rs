@@ -153,8 +153,8 @@ struct Inner {
     /// The pause after a throttled call, shared by every caller and method.
     throttle: Throttle,
     metrics: CallMetrics,
-    /// Read calls in flight by `method\0key`.
-    in_flight_reads: Mutex<HashMap<String, ReadEntry>>,
+    /// Read calls in flight, by [`ReadKey`].
+    in_flight_reads: Mutex<HashMap<ReadKey, ReadEntry>>,
     /// Nodes collected into bulk instance lookups (not a plugin object: it calls the plugin
     /// through [`Provider::call`]).
     batcher: bulk::Batcher,
@@ -162,6 +162,19 @@ struct Inner {
     instance_cache: instance_cache::InstanceCache,
     /// The threads calls run on.
     pool: pool::CallPool,
+}
+
+/// What identifies a read call for coalescing: the method, the instance cache's generation
+/// (bumped by every `--cloud-config` reload) and a SHA-256 digest of the call's arguments. A
+/// digest rather than the arguments: for an instance lookup they are the node's JSON, a few KB
+/// that the map and each waiter held in copies of their own (the address loop keeps 64
+/// lookups in flight).
+type ReadKey = (&'static str, u64, [u8; 32]);
+
+fn read_call_key(op: &'static str, generation: u64, args: &str) -> ReadKey {
+    let mut digest = [0; 32];
+    digest.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, args.as_bytes()).as_ref());
+    (op, generation, digest)
 }
 
 /// A read call in flight: a `WeakShared` of its shared future (typed by the call's result).
@@ -496,7 +509,10 @@ impl Provider {
         T: limits::Bounded + Clone + Send + Sync + 'static,
         F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
     {
-        let key = format!("{op}\0{}\0{key}", self.inner.instance_cache.generation());
+        let args = key;
+        let key = read_call_key(op, self.inner.instance_cache.generation(), &args);
+        // Only the digest waits with the call.
+        drop(args);
         let shared: SharedCall<T> = {
             let mut reads = self
                 .inner
@@ -523,7 +539,7 @@ impl Provider {
                     }
                     if let Some(weak) = call.downgrade() {
                         reads.insert(
-                            key.clone(),
+                            key,
                             ReadEntry {
                                 weak: Box::new(weak),
                                 running: running::<T>,

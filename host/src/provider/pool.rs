@@ -8,6 +8,9 @@
 //!
 //! - calls run on at most [`MAX_WORKERS`] threads of the provider's own pool, started on demand
 //!   (a call waits in the pool's queue when all are busy; its deadline still covers the wait);
+//! - a thread that had no work for [`IDLE_TIMEOUT`] ends, as tokio's blocking threads do (a
+//!   burst of the address loop's lookups starts a few dozen threads; they no longer stay for
+//!   the life of the process);
 //! - a call abandoned while its thread runs it (deadline passed, or the caller went away) makes
 //!   that thread *hung*: it no longer counts as a worker, so a new one can start, and it ends as
 //!   soon as the plugin returns;
@@ -22,6 +25,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -31,6 +35,8 @@ use tokio::sync::oneshot;
 pub const MAX_WORKERS: usize = 256;
 /// Hung threads a provider may have before its calls are refused.
 pub const HUNG_CAP: usize = 64;
+/// How long a thread waits for work before it ends.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Hung threads of every pool in the process (reported when the host exits).
 static STUCK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -82,6 +88,7 @@ struct Shared {
     provider: String,
     max_workers: usize,
     hung_cap: usize,
+    idle_timeout: Duration,
     state: Mutex<State>,
     work: Condvar,
     metrics: PoolMetrics,
@@ -132,11 +139,22 @@ impl CallPool {
         hung_cap: usize,
         metrics: PoolMetrics,
     ) -> Self {
+        Self::with_idle_timeout(provider, max_workers, hung_cap, IDLE_TIMEOUT, metrics)
+    }
+
+    fn with_idle_timeout(
+        provider: &str,
+        max_workers: usize,
+        hung_cap: usize,
+        idle_timeout: Duration,
+        metrics: PoolMetrics,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 provider: provider.to_string(),
                 max_workers: max_workers.max(1),
                 hung_cap: hung_cap.max(1),
+                idle_timeout,
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
                 metrics,
@@ -240,18 +258,24 @@ impl CallPool {
     }
 
     /// A worker: run queued jobs until one is abandoned while running (then end: a replacement
-    /// was allowed to start meanwhile).
+    /// was allowed to start meanwhile), or until it waited [`IDLE_TIMEOUT`] for one.
     fn work(&self) {
         let mut state = self.lock();
         loop {
             let Some(job) = state.queue.pop_front() else {
                 state.idle += 1;
-                state = self
+                let (guard, waited) = self
                     .shared
                     .work
-                    .wait(state)
+                    .wait_timeout(state, self.shared.idle_timeout)
                     .unwrap_or_else(|p| p.into_inner());
+                state = guard;
                 state.idle -= 1;
+                if waited.timed_out() && state.queue.is_empty() {
+                    state.workers -= 1;
+                    self.update_threads(&state);
+                    return;
+                }
                 continue;
             };
             // A queued call whose caller already gave up is not run at all.
@@ -320,7 +344,6 @@ impl CallPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn pool(max: usize, cap: usize) -> CallPool {
         CallPool::with_limits("test", max, cap, PoolMetrics::default())
@@ -387,5 +410,31 @@ mod tests {
         // The only worker is free again and ran nothing else.
         assert_eq!(p.submit(|| 1).unwrap().await.unwrap(), 1);
         assert_eq!(ran.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_threads_end() {
+        let p = CallPool::with_idle_timeout(
+            "test",
+            8,
+            4,
+            Duration::from_millis(50),
+            PoolMetrics::default(),
+        );
+        let calls: Vec<_> = (0..4).map(|i| p.submit(move || i).unwrap()).collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.unwrap(), i);
+        }
+        assert!(p.threads() >= 1);
+        let started = std::time::Instant::now();
+        while p.threads() > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "idle threads end"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A call after that starts a thread again.
+        assert_eq!(p.submit(|| 7).unwrap().await.unwrap(), 7);
     }
 }
