@@ -19,7 +19,6 @@
 //! node), `BENCH_IDLE_SECS` (60), `BENCH_KEEP_LOG` (a path to copy the
 //! host's log to), `BENCH_HOST_WRAPPER` (a profiler command to run the host under).
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,15 +37,7 @@ fn env_num(name: &str, default: usize) -> usize {
 
 mod support;
 
-use support::{plugin_dir, BIN};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::{free_port, plugin_dir, BIN};
 
 fn node_name(i: usize) -> String {
     format!("node-{i:05}")

@@ -22,21 +22,13 @@ use serde_json::{json, Value};
 
 mod support;
 
-use support::{plugin_dir, BIN};
+use support::{free_port, plugin_dir, BIN};
 
 const WAIT: Duration = Duration::from_secs(30);
 const TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
 /// Registered with the API server the host may delegate authentication to.
 const TOKEN: &str = "config-reload-test-token";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls")

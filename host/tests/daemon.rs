@@ -2,7 +2,6 @@
 //! against the in-memory API server, takeover after the leader dies, SIGTERM releasing the
 //! lease, and the HTTP endpoints.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,15 +11,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{https, plugin_dir, BIN};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::{free_port, https, plugin_dir, BIN};
 
 struct Replica {
     child: Child,

@@ -15,7 +15,6 @@
 //! bound of a grace period.
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,7 +26,7 @@ use serde_json::{json, Value};
 
 mod support;
 
-use support::{https, plugin_dir_with, BIN};
+use support::{free_port, https, plugin_dir_with, BIN};
 
 const TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
@@ -156,14 +155,6 @@ struct Event {
     reason: String,
     host: String,
     message: String,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One `ccm-host run` process; its stderr goes to a file.

@@ -6,7 +6,6 @@
 //! not keep `/healthz` from answering.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,18 +15,10 @@ use serde_json::Value;
 
 mod support;
 
-use support::{https, plugin_dir, BIN};
+use support::{free_port, https, plugin_dir, BIN};
 
 const TOKEN_REVIEWS: &str = "tokenreviews.authentication.k8s.io";
 const ACCESS_REVIEWS: &str = "subjectaccessreviews.authorization.k8s.io";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A `ccm-host run` process (fake provider, no leader election, only the node controller)
 /// whose secure port answers.

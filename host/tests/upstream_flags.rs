@@ -4,7 +4,6 @@
 //! a terminal; bad values exit 2 with one line each; `--version` exits 0.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -14,18 +13,10 @@ use serde_json::Value;
 
 mod support;
 
-use support::{plugin_dir, BIN};
+use support::{free_port, plugin_dir, BIN};
 
 /// The warning that names the flags without effect.
 const NO_EFFECT: &str = "have no effect in ccm-host";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `ccm-host` with the environment under the test's control (no RUST_LOG, CCM_LOG_FORMAT or
 /// NO_COLOR from the caller).

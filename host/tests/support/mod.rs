@@ -457,3 +457,12 @@ pub mod https {
         get_with(port, any_cert(), "localhost", path, token)
     }
 }
+
+/// A TCP port free on 127.0.0.1 right now (for a daemon's --secure-port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
