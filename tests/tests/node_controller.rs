@@ -968,6 +968,55 @@ async fn hundred_nodes_one_cloud_call_each_per_address_pass() {
 
 // ---- Robustness ---------------------------------------------------------------------------
 
+/// A sync of a node its cache still shows tainted after an earlier sync initialised it (the
+/// informer lags; here it is stopped after the first list) ends at the Conflict: the API shows
+/// the node initialised, so there is no second update and no second `Synced` event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_cache_does_not_initialise_a_node_twice() {
+    let h = Harness::start(
+        "fake",
+        v2_cloud(json!({"name": "node0", "instanceType": "t1.micro"})),
+    )
+    .await;
+    h.server
+        .controls()
+        .seed(node("node0", json!([cloud_taint()]), json!({})))
+        .unwrap();
+    let informers = tokio_util::sync::CancellationToken::new();
+    let ctx = ControllerContext::new(
+        &h.client,
+        &h.provider,
+        &h.metrics,
+        cfg(),
+        "test-host",
+        &informers,
+    );
+    assert!(ctx.nodes.wait_synced().await);
+    informers.cancel();
+    let controller = NodeController::new(ctx.clone());
+    controller.sync_node("node0").await.unwrap();
+    assert_eq!(writes(&h, "node0").0, 1);
+    assert!(
+        ctx.nodes.store().get("node0").is_some_and(|n| n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == TAINT))),
+        "the stopped cache still shows the node tainted"
+    );
+    controller.sync_node("node0").await.unwrap();
+    assert_eq!(writes(&h, "node0").0, 1, "a second successful update");
+    let node = stored(&h, "node0");
+    assert_eq!(node["spec"]["providerID"], "fake://node0");
+    eventually("the Synced event", WAIT, || {
+        (!events(&h, "node0").is_empty()).then_some(())
+    })
+    .await;
+    // Events are sent in the background: give a second one time to arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_synced_event(&h, "node0");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_node_is_retried_with_backoff_while_others_proceed() {
     let h = Harness::start(

@@ -18,7 +18,9 @@
 //! - nil instance metadata in the periodic address loop is skipped (upstream dereferences it);
 //! - the initialisation update re-reads the node from the API (not the cache) after a Conflict,
 //!   so a retry does not replay the same stale object; a node deleted meanwhile ends the sync
-//!   quietly instead of erroring and re-queueing;
+//!   quietly instead of erroring and re-queueing, and one found without the cloud taint (an
+//!   earlier sync initialised it while the cache lagged behind) ends it without a second
+//!   update or `Synced` event;
 //! - the provider ID is only written when the node being updated still has none (upstream
 //!   decides on the first copy and could try to overwrite an ID set meanwhile, which the API
 //!   rejects);
@@ -602,6 +604,16 @@ pub fn node_modifications(node: &Node, md: &InstanceMetadata) -> Result<NodeModi
     Ok(m)
 }
 
+/// How [`NodeController::update_with_retry`] ended.
+enum Initialised {
+    /// This sync initialised the node: the API server's answer.
+    Now(Box<Node>),
+    /// The node no longer exists.
+    Gone,
+    /// The node had lost the cloud taint when it was read again after a Conflict.
+    Already,
+}
+
 impl NodeController {
     /// A controller for `ctx` (does not start anything).
     pub fn new(ctx: ControllerContext) -> Self {
@@ -679,13 +691,24 @@ impl NodeController {
         };
         let mods = node_modifications(&cur, &md)
             .map_err(|e| format!("failed to get node modifiers from cloud provider: {e}"))?;
-        let Some(updated) = self.update_with_retry(&cur, &mods).await? else {
-            tracing::info!(
-                controller = NAME,
-                node = name,
-                "node was deleted during initialisation"
-            );
-            return Ok(());
+        let updated = match self.update_with_retry(&cur, &mods).await? {
+            Initialised::Now(updated) => updated,
+            Initialised::Gone => {
+                tracing::info!(
+                    controller = NAME,
+                    node = name,
+                    "node was deleted during initialisation"
+                );
+                return Ok(());
+            }
+            Initialised::Already => {
+                tracing::debug!(
+                    controller = NAME,
+                    node = name,
+                    "node {name} was initialised by an earlier sync the cache had not shown yet"
+                );
+                return Ok(());
+            }
         };
         self.ctx
             .metrics
@@ -711,13 +734,12 @@ impl NodeController {
         Ok(())
     }
 
-    /// One full PUT of the node with `mods` applied, retried on Conflict. `Ok(None)`: the node
-    /// no longer exists.
+    /// One full PUT of the node with `mods` applied, retried on Conflict.
     async fn update_with_retry(
         &self,
         cached: &Node,
         mods: &NodeModifications,
-    ) -> Result<Option<Node>, String> {
+    ) -> Result<Initialised, String> {
         let name = name_of(cached);
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         let mut base = cached.clone();
@@ -725,16 +747,21 @@ impl NodeController {
             let mut node = base.clone();
             mods.apply(&mut node);
             match api.replace(name, &PostParams::default(), &node).await {
-                Ok(updated) => return Ok(Some(updated)),
-                Err(e) if is_not_found(&e) => return Ok(None),
+                Ok(updated) => return Ok(Initialised::Now(Box::new(updated))),
+                Err(e) if is_not_found(&e) => return Ok(Initialised::Gone),
                 Err(e) if is_conflict(&e) && attempt < UPDATE_ATTEMPTS => {
                     let jitter = f64::from(attempt.wrapping_mul(37) % 100) / 100.0;
                     tokio::time::sleep(UPDATE_BACKOFF.mul_f64(1.0 + jitter)).await;
                     // Better than upstream: read the current version from the API, not the
                     // cache, which may still hold the version that conflicted.
                     base = match api.get(name).await {
+                        // The cache was behind: an earlier sync of this node (queued again
+                        // by a change the cache delivered before its own update) already
+                        // initialised it. Applying the changes again would repeat the PUT,
+                        // the address patch and the Synced event.
+                        Ok(n) if !has_cloud_taint(&n) => return Ok(Initialised::Already),
                         Ok(n) => n,
-                        Err(e) if is_not_found(&e) => return Ok(None),
+                        Err(e) if is_not_found(&e) => return Ok(Initialised::Gone),
                         Err(e) => {
                             return Err(format!(
                                 "failed to get node {name}: {}",
