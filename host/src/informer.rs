@@ -292,18 +292,36 @@ where
     /// (an `Updated` to the uncached version, see [`Trim`]). Hybrid clusters give each provider's controllers the view of the
     /// nodes it owns (crate::ownership).
     pub fn view(&self, keep: Keep<K>, stop: CancellationToken) -> SharedInformer<K> {
+        self.view_after(keep, std::future::ready(()), stop)
+    }
+
+    /// [`Self::view`], synced only once `ready` has also completed (after this informer
+    /// synced): the view is filled, and its waiters woken, from the cache as it is then. Hybrid
+    /// clusters open the providers' node views after the first ownership round
+    /// (controllers::node_ownership::FirstRound), so no provider starts with its unclaimed
+    /// nodes missing.
+    pub fn view_after(
+        &self,
+        keep: Keep<K>,
+        ready: impl std::future::Future<Output = ()> + Send + 'static,
+        stop: CancellationToken,
+    ) -> SharedInformer<K> {
         let store = Store::default();
         let (changes, _) = broadcast::channel(CHANGE_BUFFER);
         let (synced_tx, synced) = watch::channel(false);
         let parent = self.clone();
-        // Subscribed before the first list is read, so nothing falls between the two.
-        let mut rx = parent.subscribe();
         let (cache, tx) = (store.clone(), changes.clone());
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 ok = parent.wait_synced() => if !ok { return },
             }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                () = ready => {}
+            }
+            // Subscribed before the first list is read, so nothing falls between the two.
+            let mut rx = parent.subscribe();
             resync(&parent, &cache, &tx, &keep);
             synced_tx.send_replace(true);
             loop {

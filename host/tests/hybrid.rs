@@ -1141,6 +1141,63 @@ fn a_node_without_provider_id_is_left_alone_for_the_grace_period() {
     assert_eq!(host.stop(), Some(0), "{}", host.tail(40));
 }
 
+/// The first ownership round comes before a provider's controllers start: with the fake slow to
+/// answer whether it knows a node (`InstanceExists` takes 2 s), the load balancer of a classless
+/// Service is still first built with the fake's nodes claimed in that round, not with no hosts
+/// (an `UnAvailableLoadBalancer` warning) to be updated a moment later.
+#[test]
+fn load_balancers_are_first_built_after_the_unclaimed_nodes_are_claimed() {
+    let cluster = Cluster::start();
+    let fake_state = cluster.path("fake-state");
+    let fake_config = cluster.path("fake.yaml");
+    write_fake_config(
+        &fake_config,
+        &fake_state,
+        &["{name: f-1}", "{name: f-2}"],
+        "latency: {InstanceExists: 2s}\n",
+    );
+    let metal_config = cluster.path("metal.yaml");
+    write_metal_config(
+        &metal_config,
+        &cluster.path("inventory.yaml"),
+        &["{name: m-1, id: rack1-01}"],
+    );
+    cluster.seed(node("f-1", true, tainted()));
+    cluster.seed(node("f-2", true, tainted()));
+    cluster.seed(node("m-1", true, provider_id("metal://rack1-01")));
+    cluster.seed(lb_service("web", None));
+    let host = Host::start(
+        &cluster,
+        "first-round",
+        &strings(&[
+            "--cloud-provider=fake,metal",
+            &format!("--cloud-config=fake={}", fake_config.display()),
+            &format!("--cloud-config=metal={}", metal_config.display()),
+            "--cluster-cidr=10.244.0.0/16",
+        ]),
+    );
+    eventually("web's load balancer", &[&host], || {
+        ingress_ip(&cluster.service("web")).ok_or_else(|| "web has no ingress".to_string())
+    });
+    assert_eq!(host.stop(), Some(0), "{}", host.tail(40));
+    let calls = fake_calls(&fake_state);
+    let first = calls
+        .iter()
+        .find(|c| c.call == "create")
+        .unwrap_or_else(|| panic!("no EnsureLoadBalancer call: {calls:#?}"));
+    assert_eq!(
+        first.args["hosts"],
+        json!(["f-1", "f-2"]),
+        "the first EnsureLoadBalancer"
+    );
+    let unavailable: Vec<Event> = cluster
+        .events_about("Service", "web")
+        .into_iter()
+        .filter(|e| e.reason == "UnAvailableLoadBalancer")
+        .collect();
+    assert!(unavailable.is_empty(), "{unavailable:#?}");
+}
+
 // ---- 4b: --load-balancer-hosts NAME=all -------------------------------------------------------
 
 /// `--load-balancer-hosts fake=all`: the fake's load balancer gets every node upstream's host

@@ -321,7 +321,8 @@ fn small_generated_scene_converges() {
     let synced = find(&report["events"], "reason", "Synced");
     assert_eq!(
         (&synced["objects"], &synced["count"]),
-        (&json!(3), &json!(3))
+        (&json!(3), &json!(3)),
+        "{stderr}"
     );
 
     let nodes = &report["nodes"];
@@ -1338,9 +1339,13 @@ fn the_hybrid_scenario_converges_with_each_provider_on_its_own() {
     // The unclaimed nodes were claimed by the provider that knows them.
     let claimed = find(&report["events"], "reason", "CloudProviderClaimedNode");
     assert_eq!(claimed["objects"], 4, "{:#}", report["events"]);
-    assert!(report["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|e| e["type"] != "Warning"));
+    assert!(
+        report["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["type"] != "Warning"),
+        "{:#}\n{stderr}",
+        report["events"]
+    );
 }

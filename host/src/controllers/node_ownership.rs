@@ -23,12 +23,20 @@
 //!
 //! Nodes without the taint are never claimed: a node that is not waiting for a cloud provider
 //! (kwok, virtual kubelet, a kubelet without `--cloud-provider=external`) stays foreign.
+//!
+//! The providers' controllers start after the *first round* ([`FirstRound`]): every node that
+//! was unclaimed when this controller started has been asked about once, and each claim has
+//! reached the node cache (at most [`FIRST_ROUND_MAX`]; then they start without the rest, with
+//! one log line). Otherwise a provider's service controller would build its load balancers
+//! while its nodes were still being claimed: with no hosts (an `UnAvailableLoadBalancer`
+//! warning) or too few, updated a moment later.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use super::ControllerContext;
 use crate::events::{node_ref, EventRecorder, EventType};
@@ -51,6 +59,54 @@ const BACKOFF_BASE: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 const WORKERS: usize = 4;
 
+/// The longest the providers' controllers wait for the first round.
+pub const FIRST_ROUND_MAX: Duration = Duration::from_secs(10);
+
+/// Whether the first ownership round is over (see the module comment). Clones share it.
+#[derive(Clone)]
+pub struct FirstRound(Arc<watch::Sender<bool>>);
+
+impl Default for FirstRound {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(false)))
+    }
+}
+
+impl FirstRound {
+    /// The round is over (or there is none: the controller does not run).
+    pub fn finish(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Wait until [`Self::finish`]; forever if nobody calls it.
+    pub async fn finished(self) {
+        let mut rx = self.0.subscribe();
+        // The sender lives in `self`, so the wait can only end by the value turning true.
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// Is the round over?
+    pub fn is_finished(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// The nodes of the first round not decided yet: `finish`es the round when the last one is.
+struct Pending {
+    names: Mutex<HashSet<String>>,
+    round: FirstRound,
+}
+
+impl Pending {
+    /// `name` is decided for the first round.
+    fn decided(&self, name: &str) {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if names.remove(name) && names.is_empty() {
+            self.round.finish();
+        }
+    }
+}
+
 /// Is `node` waiting for a cloud provider to initialise it?
 fn waits_for_initialisation(node: &Node) -> bool {
     node.spec
@@ -69,8 +125,15 @@ enum Verdict {
     Nobody,
 }
 
-/// Run until `ctx.stop`: `ctx.nodes` must be the shared informer of every node.
-pub async fn run(ctx: ControllerContext, ownership: Ownership, providers: Vec<Provider>) {
+/// Run until `ctx.stop`: `ctx.nodes` must be the shared informer of every node. `first_round`
+/// is finished when the nodes unclaimed at the start are decided (or after
+/// [`FIRST_ROUND_MAX`]).
+pub async fn run(
+    ctx: ControllerContext,
+    ownership: Ownership,
+    providers: Vec<Provider>,
+    first_round: FirstRound,
+) {
     let mut changes = ctx.nodes.subscribe();
     tokio::select! {
         _ = ctx.stop.cancelled() => return,
@@ -92,6 +155,32 @@ pub async fn run(ctx: ControllerContext, ownership: Ownership, providers: Vec<Pr
         }
     };
     enqueue_all(&queue);
+    let pending = Arc::new(Pending {
+        names: Mutex::new(
+            ctx.nodes
+                .list()
+                .iter()
+                .filter(|n| candidate(n))
+                .filter_map(|n| n.metadata.name.clone())
+                .collect(),
+        ),
+        round: first_round.clone(),
+    });
+    if pending
+        .names
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_empty()
+    {
+        first_round.finish();
+    }
+    // A node of the first round is decided once its claim reached the cache (it is no longer
+    // a candidate there), or once it was asked about without a claim (no provider knows it,
+    // or one could not answer: later rounds are not waited for).
+    let still_candidate = {
+        let (nodes, candidate) = (ctx.nodes.clone(), candidate.clone());
+        move |name: &str| nodes.store().get(name).is_some_and(|n| candidate(&n))
+    };
     let recorder = Arc::new(ctx.recorder(NAME));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..WORKERS {
@@ -102,6 +191,7 @@ pub async fn run(ctx: ControllerContext, ownership: Ownership, providers: Vec<Pr
             providers.clone(),
             recorder.clone(),
         );
+        let (pending, still_candidate) = (pending.clone(), still_candidate.clone());
         crate::controllers::spawn_in_span(&mut tasks, async move {
             while let Some(name) = queue.get().await {
                 let retry = tokio::select! {
@@ -113,13 +203,27 @@ pub async fn run(ctx: ControllerContext, ownership: Ownership, providers: Vec<Pr
                 } else {
                     queue.forget(&name);
                 }
+                if retry || !still_candidate(&name) {
+                    pending.decided(&name);
+                }
                 queue.done(&name);
             }
         });
     }
+    let deadline = tokio::time::sleep(FIRST_ROUND_MAX);
+    tokio::pin!(deadline);
     loop {
         let change = tokio::select! {
             _ = ctx.stop.cancelled() => break,
+            () = &mut deadline, if !first_round.is_finished() => {
+                let left = pending.names.lock().unwrap_or_else(|p| p.into_inner()).len();
+                tracing::warn!(
+                    "{left} node(s) unclaimed at start still undecided after {FIRST_ROUND_MAX:?}: \
+                     the cloud providers' controllers start without them (they join as they are claimed)"
+                );
+                first_round.finish();
+                continue;
+            }
             c = changes.recv() => c,
         };
         match change {
@@ -128,10 +232,28 @@ pub async fn run(ctx: ControllerContext, ownership: Ownership, providers: Vec<Pr
                     if let Some(name) = &n.metadata.name {
                         queue.add(name.clone());
                     }
+                } else if let Some(name) = &n.metadata.name {
+                    pending.decided(name);
                 }
             }
-            Ok(Change::Deleted(_)) => {}
-            Err(broadcast::error::RecvError::Lagged(_)) => enqueue_all(&queue),
+            Ok(Change::Deleted(n)) => {
+                if let Some(name) = &n.metadata.name {
+                    pending.decided(name);
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                enqueue_all(&queue);
+                let names: Vec<String> = pending
+                    .names
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect();
+                for name in names.iter().filter(|n| !still_candidate(n)) {
+                    pending.decided(name);
+                }
+            }
             Err(broadcast::error::RecvError::Closed) => break,
         }
     }

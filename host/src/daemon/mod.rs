@@ -468,6 +468,15 @@ impl Daemon {
             &self.identity,
             &self.stop,
         );
+        // With ownership enforced, the providers' node views open after the node-ownership
+        // controller's first round (controllers::node_ownership::FirstRound); without that
+        // controller there is no round to wait for.
+        let first_round = controllers::node_ownership::FirstRound::default();
+        let claims = self.ownership.enforced()
+            && self.settings.selection.is_enabled(controllers::node::NAME);
+        if !claims {
+            first_round.finish();
+        }
         // Each provider's context: its nodes (a view of the shared informer when ownership is
         // enforced), its load-balancer classes, and its name on events, queues and logs.
         let scoped: Vec<(ControllerContext, ControllerContext)> = self
@@ -480,10 +489,11 @@ impl Daemon {
                 config.ignore_classless_services = !a.spec.classless;
                 let nodes = if self.ownership.enforced() {
                     let ownership = self.ownership.clone();
-                    base.nodes.view(
+                    base.nodes.view_after(
                         Arc::new(move |n: &k8s_openapi::api::core::v1::Node| {
                             ownership.handles(i, n)
                         }),
+                        first_round.clone().finished(),
                         self.stop.clone(),
                     )
                 } else {
@@ -567,6 +577,7 @@ impl Daemon {
                         ctx,
                         self.ownership.clone(),
                         providers,
+                        first_round.clone(),
                     )),
                 ));
             }
