@@ -419,6 +419,61 @@ fn in_fake_pool(ip: &str) -> bool {
 
 // ---- clouds ----------------------------------------------------------------------------------
 
+/// The fake and metal clouds of a test: the fake's state directory and config, and metal's
+/// config (its inventory beside it), in the cluster's directory.
+struct Clouds {
+    fake_state: PathBuf,
+    fake_config: PathBuf,
+    metal_config: PathBuf,
+}
+
+impl Clouds {
+    /// Write the fake's config ([`write_fake_config`]: `fake_instances`, `fake_extra`) and
+    /// metal's ([`write_metal_config`]: `metal_machines`).
+    fn write(
+        cluster: &Cluster,
+        fake_instances: &[&str],
+        fake_extra: &str,
+        metal_machines: &[&str],
+    ) -> Clouds {
+        let clouds = Clouds {
+            fake_state: cluster.path("fake-state"),
+            fake_config: cluster.path("fake.yaml"),
+            metal_config: cluster.path("metal.yaml"),
+        };
+        write_fake_config(
+            &clouds.fake_config,
+            &clouds.fake_state,
+            fake_instances,
+            fake_extra,
+        );
+        write_metal_config(
+            &clouds.metal_config,
+            &cluster.path("inventory.yaml"),
+            metal_machines,
+        );
+        clouds
+    }
+
+    /// `ccm-host run` arguments for one host with `providers` (fake and metal among them, fake
+    /// first: the default), both configs, a cluster CIDR, then `extra`.
+    fn run_args_for(&self, providers: &str, extra: &[&str]) -> Vec<String> {
+        let mut args = vec![
+            format!("--cloud-provider={providers}"),
+            format!("--cloud-config=fake={}", self.fake_config.display()),
+            format!("--cloud-config=metal={}", self.metal_config.display()),
+            "--cluster-cidr=10.244.0.0/16".to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    }
+
+    /// [`Self::run_args_for`] `fake,metal`.
+    fn run_args(&self, extra: &[&str]) -> Vec<String> {
+        self.run_args_for("fake,metal", extra)
+    }
+}
+
 /// A fake cloud config: `stateDir`, no synthesised instances, the given instances (YAML list
 /// items) and `extra` top-level YAML.
 fn write_fake_config(path: &Path, state_dir: &Path, instances: &[&str], extra: &str) {
@@ -525,12 +580,7 @@ fn metric(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 #[test]
 fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers() {
     let cluster = Cluster::start();
-    let fake_state = cluster.path("fake-state");
-    let fake_config = cluster.path("fake.yaml");
-    write_fake_config(
-        &fake_config,
-        &fake_state,
-        &[
+    let clouds = Clouds::write(&cluster, &[
             "{name: f-1}",
             "{name: f-claim}",
             "{name: f-stay}",
@@ -538,14 +588,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
             // Not the fake's, but the fake cannot say so at first: while it fails, the
             // ownership round stops there and metal, asked after it, cannot win.
             "{name: m-claim, exists: false, errors: {InstanceExists: {kind: other, message: fake cloud unreachable, times: 2}}}",
-        ],
-        "",
-    );
-    let metal_config = cluster.path("metal.yaml");
-    write_metal_config(
-        &metal_config,
-        &cluster.path("inventory.yaml"),
-        &[
+        ], "", &[
             "{name: m-1, id: rack1-01, instanceType: r640, zone: rack1, region: dc1, addresses: [{type: InternalIP, address: 10.10.0.1}]}",
             "{name: m-claim, id: rack1-02, instanceType: r640, addresses: [{type: InternalIP, address: 10.10.0.2}]}",
             "{name: m-label, id: rack1-03, instanceType: r650, addresses: [{type: InternalIP, address: 10.10.0.3}]}",
@@ -555,8 +598,8 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
             // A machine of the fake's node's name: metal would claim f-claim if it were asked
             // first, or initialise it if its controllers saw it.
             "{name: f-claim, id: decoy, instanceType: decoy, addresses: [{type: InternalIP, address: 10.10.0.99}]}",
-        ],
-    );
+        ]);
+    let fake_state = clouds.fake_state.clone();
 
     // Fake nodes.
     cluster.seed(node(
@@ -619,13 +662,7 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
     let host = Host::start(
         &cluster,
         "hybrid",
-        &strings(&[
-            "--cloud-provider=fake,metal",
-            &format!("--cloud-config=fake={}", fake_config.display()),
-            &format!("--cloud-config=metal={}", metal_config.display()),
-            "--load-balancer-class=metal-lb=metal",
-            "--cluster-cidr=10.244.0.0/16",
-        ]),
+        &clouds.run_args(&["--load-balancer-class=metal-lb=metal"]),
     );
 
     eventually(
@@ -1072,18 +1109,16 @@ fn two_providers_in_one_host_each_handle_only_their_own_nodes_and_load_balancers
 fn a_node_without_provider_id_is_left_alone_for_the_grace_period() {
     const GRACE: Duration = Duration::from_secs(8);
     let cluster = Cluster::start();
-    let fake_state = cluster.path("fake-state");
-    let fake_config = cluster.path("fake.yaml");
-    write_fake_config(&fake_config, &fake_state, &["{name: f-1}"], "");
-    let metal_config = cluster.path("metal.yaml");
-    write_metal_config(
-        &metal_config,
-        &cluster.path("inventory.yaml"),
+    let clouds = Clouds::write(
+        &cluster,
+        &["{name: f-1}"],
+        "",
         &[
             "{name: m-1, id: rack1-01}",
             "{name: m-gone, id: rack1-04, state: absent}",
         ],
     );
+    let fake_state = clouds.fake_state.clone();
     let seeded = Instant::now();
     cluster.seed(node("f-1", true, provider_id("fake://f-1")));
     cluster.seed(node("m-1", true, provider_id("metal://rack1-01")));
@@ -1093,13 +1128,7 @@ fn a_node_without_provider_id_is_left_alone_for_the_grace_period() {
     let host = Host::start(
         &cluster,
         "grace",
-        &strings(&[
-            "--cloud-provider=fake,metal",
-            &format!("--cloud-config=fake={}", fake_config.display()),
-            &format!("--cloud-config=metal={}", metal_config.display()),
-            "--cluster-cidr=10.244.0.0/16",
-            &format!("--provider-id-grace-period={}s", GRACE.as_secs()),
-        ]),
+        &clouds.run_args(&[&format!("--provider-id-grace-period={}s", GRACE.as_secs())]),
     );
     eventually("m-gone deleted at once", &[&host], || {
         match cluster.node("m-gone") {
@@ -1148,34 +1177,18 @@ fn a_node_without_provider_id_is_left_alone_for_the_grace_period() {
 #[test]
 fn load_balancers_are_first_built_after_the_unclaimed_nodes_are_claimed() {
     let cluster = Cluster::start();
-    let fake_state = cluster.path("fake-state");
-    let fake_config = cluster.path("fake.yaml");
-    write_fake_config(
-        &fake_config,
-        &fake_state,
+    let clouds = Clouds::write(
+        &cluster,
         &["{name: f-1}", "{name: f-2}"],
         "latency: {InstanceExists: 2s}\n",
-    );
-    let metal_config = cluster.path("metal.yaml");
-    write_metal_config(
-        &metal_config,
-        &cluster.path("inventory.yaml"),
         &["{name: m-1, id: rack1-01}"],
     );
+    let fake_state = clouds.fake_state.clone();
     cluster.seed(node("f-1", true, tainted()));
     cluster.seed(node("f-2", true, tainted()));
     cluster.seed(node("m-1", true, provider_id("metal://rack1-01")));
     cluster.seed(lb_service("web", None));
-    let host = Host::start(
-        &cluster,
-        "first-round",
-        &strings(&[
-            "--cloud-provider=fake,metal",
-            &format!("--cloud-config=fake={}", fake_config.display()),
-            &format!("--cloud-config=metal={}", metal_config.display()),
-            "--cluster-cidr=10.244.0.0/16",
-        ]),
-    );
+    let host = Host::start(&cluster, "first-round", &clouds.run_args(&[]));
     eventually("web's load balancer", &[&host], || {
         ingress_ip(&cluster.service("web")).ok_or_else(|| "web has no ingress".to_string())
     });
@@ -1206,20 +1219,13 @@ fn load_balancers_are_first_built_after_the_unclaimed_nodes_are_claimed() {
 #[test]
 fn load_balancer_hosts_all_hands_the_provider_every_eligible_node() {
     let cluster = Cluster::start();
-    let fake_state = cluster.path("fake-state");
-    let fake_config = cluster.path("fake.yaml");
-    write_fake_config(
-        &fake_config,
-        &fake_state,
+    let clouds = Clouds::write(
+        &cluster,
         &["{name: f-1}", "{name: f-x}"],
         "",
-    );
-    let metal_config = cluster.path("metal.yaml");
-    write_metal_config(
-        &metal_config,
-        &cluster.path("inventory.yaml"),
         &["{name: m-1, id: rack1-01}"],
     );
+    let fake_state = clouds.fake_state.clone();
     let excluded = json!({"metadata": {"labels": {EXCLUDE_LB_LABEL: "true"}}});
     cluster.seed(node("f-1", true, provider_id("fake://f-1")));
     cluster.seed(node(
@@ -1238,13 +1244,9 @@ fn load_balancer_hosts_all_hands_the_provider_every_eligible_node() {
     let host = Host::start(
         &cluster,
         "all-hosts",
-        &strings(&[
-            "--cloud-provider=fake,metal",
-            &format!("--cloud-config=fake={}", fake_config.display()),
-            &format!("--cloud-config=metal={}", metal_config.display()),
+        &clouds.run_args(&[
             "--load-balancer-class=metal-lb=metal",
             "--load-balancer-hosts=fake=all",
-            "--cluster-cidr=10.244.0.0/16",
         ]),
     );
     eventually(
@@ -1399,31 +1401,19 @@ fn a_duplicate_platform_claim_and_an_unknown_class_provider_are_refused_with_exi
 #[test]
 fn two_hosts_with_one_provider_each_never_touch_each_others_nodes_or_load_balancers() {
     let cluster = Cluster::start();
-    let fake_state = cluster.path("fake-state");
-    let fake_config = cluster.path("fake.yaml");
-    write_fake_config(
-        &fake_config,
-        &fake_state,
-        &[
+    let clouds = Clouds::write(&cluster, &[
             "{name: f-1}",
             "{name: f-label}",
             "{name: f-stay}",
             "{name: f-gone, exists: false}",
-        ],
-        "",
-    );
-    let metal_config = cluster.path("metal.yaml");
-    write_metal_config(
-        &metal_config,
-        &cluster.path("inventory.yaml"),
-        &[
+        ], "", &[
             "{name: m-1, id: rack1-01, instanceType: r640, addresses: [{type: InternalIP, address: 10.10.0.1}]}",
             "{name: m-claim, id: rack1-02, addresses: [{type: InternalIP, address: 10.10.0.2}]}",
             "{name: m-label, id: rack1-03, addresses: [{type: InternalIP, address: 10.10.0.3}]}",
             "{name: m-gone, id: rack1-04, state: absent}",
             "{name: m-stay, id: rack1-05, addresses: [{type: InternalIP, address: 10.10.0.5}]}",
-        ],
-    );
+        ]);
+    let fake_state = clouds.fake_state.clone();
     cluster.seed(node(
         "f-1",
         true,
@@ -1471,7 +1461,7 @@ fn two_hosts_with_one_provider_each_never_touch_each_others_nodes_or_load_balanc
         "fake-host",
         &strings(&[
             "--cloud-provider=fake",
-            &format!("--cloud-config={}", fake_config.display()),
+            &format!("--cloud-config={}", clouds.fake_config.display()),
             "--cloud-provider-platforms=fake",
             "--leader-elect-resource-name=ccm-fake",
             "--cluster-cidr=10.244.0.0/16",
@@ -1482,7 +1472,7 @@ fn two_hosts_with_one_provider_each_never_touch_each_others_nodes_or_load_balanc
         "metal-host",
         &strings(&[
             "--cloud-provider=metal",
-            &format!("--cloud-config={}", metal_config.display()),
+            &format!("--cloud-config={}", clouds.metal_config.display()),
             "--cloud-provider-platforms=metal",
             "--load-balancer-class=metal-lb",
             "--ignore-classless-services",
@@ -1847,18 +1837,10 @@ fn family_of_samples<'a>(body: &'a str, sample: &str) -> Vec<&'a str> {
 #[test]
 fn metrics_and_health_checks_are_per_provider() {
     let cluster = Cluster::start();
-    let fake_state = cluster.path("fake-state");
-    let fake_config = cluster.path("fake.yaml");
-    write_fake_config(
-        &fake_config,
-        &fake_state,
+    let clouds = Clouds::write(
+        &cluster,
         &["{name: f-1}"],
         "health: {kind: unauthorized, message: credentials rejected}\n",
-    );
-    let metal_config = cluster.path("metal.yaml");
-    write_metal_config(
-        &metal_config,
-        &cluster.path("inventory.yaml"),
         &["{name: m-1, id: rack1-01}"],
     );
     cluster.seed(node(
@@ -1877,12 +1859,7 @@ fn metrics_and_health_checks_are_per_provider() {
     let host = Host::start(
         &cluster,
         "metrics",
-        &strings(&[
-            "--cloud-provider=fake,metal,fake-v1",
-            &format!("--cloud-config=fake={}", fake_config.display()),
-            &format!("--cloud-config=metal={}", metal_config.display()),
-            "--cluster-cidr=10.244.0.0/16",
-        ]),
+        &clouds.run_args_for("fake,metal,fake-v1", &[]),
     );
     let providers = ["fake", "metal", "fake-v1"];
     let body = eventually("every provider's calls in /metrics", &[&host], || {
@@ -1990,29 +1967,22 @@ fn metrics_and_health_checks_are_per_provider() {
 #[test]
 fn two_hosts_that_both_know_an_unclaimed_node_keep_the_first_claim() {
     let cluster = Cluster::start();
-    let fake_state = cluster.path("fake-state");
-    let fake_config = cluster.path("fake.yaml");
     let gate = cluster.path("gate-instance-exists");
     std::fs::write(&gate, "").unwrap();
-    write_fake_config(
-        &fake_config,
-        &fake_state,
+    let clouds = Clouds::write(
+        &cluster,
         &["{name: dual}"],
         &format!("pause: {{InstanceExists: {}}}\n", gate.display()),
-    );
-    let metal_config = cluster.path("metal.yaml");
-    write_metal_config(
-        &metal_config,
-        &cluster.path("inventory.yaml"),
         &["{name: dual, id: rack9-01, instanceType: r640}"],
     );
+    let fake_state = clouds.fake_state.clone();
     cluster.seed(node("dual", true, tainted()));
     let fake_host = Host::start(
         &cluster,
         "fake-host",
         &strings(&[
             "--cloud-provider=fake",
-            &format!("--cloud-config={}", fake_config.display()),
+            &format!("--cloud-config={}", clouds.fake_config.display()),
             "--cloud-provider-platforms=fake",
             "--leader-elect-resource-name=ccm-fake",
             "--configure-cloud-routes=false",
@@ -2040,7 +2010,7 @@ fn two_hosts_that_both_know_an_unclaimed_node_keep_the_first_claim() {
         "metal-host",
         &strings(&[
             "--cloud-provider=metal",
-            &format!("--cloud-config={}", metal_config.display()),
+            &format!("--cloud-config={}", clouds.metal_config.display()),
             "--cloud-provider-platforms=metal",
             "--ignore-classless-services",
             "--leader-elect-resource-name=ccm-metal",
