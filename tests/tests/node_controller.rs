@@ -975,7 +975,11 @@ async fn hundred_nodes_one_cloud_call_each_per_address_pass() {
 async fn a_stale_cache_does_not_initialise_a_node_twice() {
     let h = Harness::start(
         "fake",
-        v2_cloud(json!({"name": "node0", "instanceType": "t1.micro"})),
+        fake(
+            json!({"providerName": "fake", "autoInstances": false, "instances": [
+            {"name": "node0", "instanceType": "t1.micro"},
+            {"name": "node1", "instanceType": "t1.micro"}]}),
+        ),
     )
     .await;
     h.server
@@ -1006,8 +1010,7 @@ async fn a_stale_cache_does_not_initialise_a_node_twice() {
     );
     controller.sync_node("node0").await.unwrap();
     assert_eq!(writes(&h, "node0").0, 1, "a second successful update");
-    let node = stored(&h, "node0");
-    assert_eq!(node["spec"]["providerID"], "fake://node0");
+    assert_eq!(stored(&h, "node0")["spec"]["providerID"], "fake://node0");
     eventually("the Synced event", WAIT, || {
         (!events(&h, "node0").is_empty()).then_some(())
     })
@@ -1015,6 +1018,35 @@ async fn a_stale_cache_does_not_initialise_a_node_twice() {
     // Events are sent in the background: give a second one time to arrive.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_synced_event(&h, "node0");
+
+    // A taint removed by hand (no providerID) while the cache still shows it is no earlier
+    // initialisation: after the Conflict the node is initialised.
+    h.server
+        .controls()
+        .seed(node("node1", json!([cloud_taint()]), json!({})))
+        .unwrap();
+    let informers = tokio_util::sync::CancellationToken::new();
+    let ctx = ControllerContext::new(
+        &h.client,
+        &h.provider,
+        &h.metrics,
+        cfg(),
+        "test-host",
+        &informers,
+    );
+    assert!(ctx.nodes.wait_synced().await);
+    informers.cancel();
+    kube::Api::<k8s_openapi::api::core::v1::Node>::all(h.client.clone())
+        .patch(
+            "node1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"taints": null}})),
+        )
+        .await
+        .unwrap();
+    NodeController::new(ctx).sync_node("node1").await.unwrap();
+    assert_eq!(stored(&h, "node1")["spec"]["providerID"], "fake://node1");
+    assert_eq!(writes(&h, "node1").0, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,9 +18,9 @@
 //! - nil instance metadata in the periodic address loop is skipped (upstream dereferences it);
 //! - the initialisation update re-reads the node from the API (not the cache) after a Conflict,
 //!   so a retry does not replay the same stale object; a node deleted meanwhile ends the sync
-//!   quietly instead of erroring and re-queueing, and one found without the cloud taint (an
-//!   earlier sync initialised it while the cache lagged behind) ends it without a second
-//!   update or `Synced` event;
+//!   quietly instead of erroring and re-queueing, and one found without the cloud taint and
+//!   with a providerID (an earlier sync initialised it while the cache lagged behind) ends it
+//!   without a second update or `Synced` event;
 //! - the provider ID is only written when the node being updated still has none (upstream
 //!   decides on the first copy and could try to overwrite an ID set meanwhile, which the API
 //!   rejects);
@@ -610,7 +610,8 @@ enum Initialised {
     Now(Box<Node>),
     /// The node no longer exists.
     Gone,
-    /// The node had lost the cloud taint when it was read again after a Conflict.
+    /// The node had lost the cloud taint and had a providerID when it was read again after a
+    /// Conflict.
     Already,
 }
 
@@ -758,8 +759,11 @@ impl NodeController {
                         // The cache was behind: an earlier sync of this node (queued again
                         // by a change the cache delivered before its own update) already
                         // initialised it. Applying the changes again would repeat the PUT,
-                        // the address patch and the Synced event.
-                        Ok(n) if !has_cloud_taint(&n) => return Ok(Initialised::Already),
+                        // the address patch and the Synced event. (A taint removed by hand
+                        // leaves no providerID: such a node is still initialised here.)
+                        Ok(n) if !has_cloud_taint(&n) && !provider_id_of(&n).is_empty() => {
+                            return Ok(Initialised::Already)
+                        }
                         Ok(n) => n,
                         Err(e) if is_not_found(&e) => return Ok(Initialised::Gone),
                         Err(e) => {
