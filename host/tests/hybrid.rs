@@ -1211,6 +1211,65 @@ fn load_balancers_are_first_built_after_the_unclaimed_nodes_are_claimed() {
     assert!(unavailable.is_empty(), "{unavailable:#?}");
 }
 
+/// The first round is waited for 10 s at most: with the fake's answer held (a `pause` gate on
+/// `InstanceExists`), the providers' controllers start after that without the undecided node
+/// (one log line), and it joins its provider's load balancer once it is claimed.
+#[test]
+fn the_first_round_is_waited_for_ten_seconds_at_most() {
+    let cluster = Cluster::start();
+    let gate = cluster.path("gate-instance-exists");
+    std::fs::write(&gate, "").unwrap();
+    let clouds = Clouds::write(
+        &cluster,
+        &["{name: f-1}", "{name: f-2}"],
+        &format!("pause: {{InstanceExists: {}}}\n", gate.display()),
+        &["{name: m-1, id: rack1-01}"],
+    );
+    cluster.seed(node(
+        "f-1",
+        true,
+        with(tainted(), provider_id("fake://f-1")),
+    ));
+    cluster.seed(node("f-2", true, tainted()));
+    cluster.seed(lb_service("web", None));
+    let host = Host::start(
+        &cluster,
+        "held-round",
+        &clouds.run_args(&["--provider-call-timeout=10m"]),
+    );
+    let hosts = || fake_lb_hosts(&clouds.fake_state, "web").unwrap_or_default();
+    eventually(
+        "f-1 initialised and web built without the held node",
+        &[&host],
+        || {
+            let f1 = cluster.node("f-1").ok_or("f-1 is gone")?;
+            if taint_keys(&f1).iter().any(|k| k == TAINT) {
+                return Err("f-1 still tainted".to_string());
+            }
+            match hosts().as_slice() {
+                [one] if one == "f-1" => Ok(()),
+                other => Err(format!("fake LB hosts {other:?}")),
+            }
+        },
+    );
+    assert!(
+        host.read_log().contains(
+            "1 node(s) unclaimed at start still undecided after 10s: the cloud providers' \
+             controllers start without them"
+        ),
+        "{}",
+        host.tail(40)
+    );
+    std::fs::remove_file(&gate).unwrap();
+    eventually("f-2 claimed and a host of web", &[&host], || {
+        match hosts().as_slice() {
+            [a, b] if a == "f-1" && b == "f-2" => Ok(()),
+            other => Err(format!("fake LB hosts {other:?}")),
+        }
+    });
+    assert_eq!(host.stop(), Some(0), "{}", host.tail(40));
+}
+
 // ---- 4b: --load-balancer-hosts NAME=all -------------------------------------------------------
 
 /// `--load-balancer-hosts fake=all`: the fake's load balancer gets every node upstream's host
