@@ -1015,9 +1015,11 @@ async fn a_stale_cache_does_not_initialise_a_node_twice() {
         (!events(&h, "node0").is_empty()).then_some(())
     })
     .await;
-    // Events are sent in the background: give a second one time to arrive.
+    // Events are sent in the background: give a second one time to arrive (as a second Event
+    // or as a count of 2 on the first).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_synced_event(&h, "node0");
+    assert_eq!(events(&h, "node0")[0]["count"], 1);
 
     // A taint removed by hand (no providerID) while the cache still shows it is no earlier
     // initialisation: after the Conflict the node is initialised.

@@ -18,9 +18,9 @@
 //! - nil instance metadata in the periodic address loop is skipped (upstream dereferences it);
 //! - the initialisation update re-reads the node from the API (not the cache) after a Conflict,
 //!   so a retry does not replay the same stale object; a node deleted meanwhile ends the sync
-//!   quietly instead of erroring and re-queueing, and one found without the cloud taint and
-//!   with a providerID (an earlier sync initialised it while the cache lagged behind) ends it
-//!   without a second update or `Synced` event;
+//!   quietly instead of erroring and re-queueing, and one found already initialised (no cloud
+//!   taint; providerID and labels as the cloud gives them: an earlier sync initialised it
+//!   while the cache lagged behind) ends it without a second update or `Synced` event;
 //! - the provider ID is only written when the node being updated still has none (upstream
 //!   decides on the first copy and could try to overwrite an ID set meanwhile, which the API
 //!   rejects);
@@ -517,6 +517,19 @@ pub struct NodeModifications {
 }
 
 impl NodeModifications {
+    /// Would [`Self::apply`] change nothing on `node`: no cloud taint, the providerID set (when
+    /// there is one to set), every label present with the cloud's value (additional labels:
+    /// present)?
+    pub fn already_applied(&self, node: &Node) -> bool {
+        let provider_id_set = self.provider_id.is_none() || !provider_id_of(node).is_empty();
+        let labels = node.metadata.labels.as_ref();
+        let label = |k: &String| labels.and_then(|l| l.get(k));
+        !has_cloud_taint(node)
+            && provider_id_set
+            && self.labels.iter().all(|(k, v)| label(k) == Some(v))
+            && self.additional_labels.keys().all(|k| label(k).is_some())
+    }
+
     /// Apply to `node`, removing every taint keyed [`UNINITIALIZED_TAINT`] (other taints keep
     /// their order; the list may become empty).
     pub fn apply(&self, node: &mut Node) {
@@ -610,8 +623,8 @@ enum Initialised {
     Now(Box<Node>),
     /// The node no longer exists.
     Gone,
-    /// The node had lost the cloud taint and had a providerID when it was read again after a
-    /// Conflict.
+    /// The node read again after a Conflict was already initialised
+    /// ([`NodeModifications::already_applied`]).
     Already,
 }
 
@@ -758,12 +771,11 @@ impl NodeController {
                     base = match api.get(name).await {
                         // The cache was behind: an earlier sync of this node (queued again
                         // by a change the cache delivered before its own update) already
-                        // initialised it. Applying the changes again would repeat the PUT,
-                        // the address patch and the Synced event. (A taint removed by hand
-                        // leaves no providerID: such a node is still initialised here.)
-                        Ok(n) if !has_cloud_taint(&n) && !provider_id_of(&n).is_empty() => {
-                            return Ok(Initialised::Already)
-                        }
+                        // initialised it: the changes would change nothing. Applying them
+                        // again would repeat the PUT, the address patch and the Synced
+                        // event. (A taint removed by hand leaves the labels or providerID
+                        // to write: such a node is still initialised here.)
+                        Ok(n) if mods.already_applied(&n) => return Ok(Initialised::Already),
                         Ok(n) => n,
                         Err(e) if is_not_found(&e) => return Ok(Initialised::Gone),
                         Err(e) => {
@@ -1068,6 +1080,43 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         assert_eq!(labels, expect);
+    }
+
+    #[test]
+    fn modifications_are_already_applied_only_when_they_would_change_nothing() {
+        let fresh = node("", &[], &[]);
+        let m = node_modifications(&fresh, &metadata()).unwrap();
+        assert!(
+            !m.already_applied(&fresh),
+            "tainted, no providerID, no labels"
+        );
+        let mut done = fresh.clone();
+        m.apply(&mut done);
+        assert!(m.already_applied(&done));
+        // Taint removed by hand: labels and providerID still to write.
+        let mut by_hand = fresh.clone();
+        by_hand.spec.as_mut().unwrap().taints = None;
+        assert!(!m.already_applied(&by_hand));
+        // ... also when the kubelet set the providerID.
+        by_hand.spec.as_mut().unwrap().provider_id = Some("fake://12345".into());
+        assert!(!m.already_applied(&by_hand));
+        // One cloud label with another value.
+        let mut changed = done.clone();
+        changed
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("topology.kubernetes.io/zone".into(), "elsewhere".into());
+        assert!(!m.already_applied(&changed));
+        // No providerID from the cloud: nothing to set there.
+        let none = NodeModifications {
+            provider_id: None,
+            ..m.clone()
+        };
+        let mut without_id = done.clone();
+        without_id.spec.as_mut().unwrap().provider_id = None;
+        assert!(none.already_applied(&without_id));
     }
 
     #[test]
