@@ -334,12 +334,16 @@ where
                         let key = cache_key(new.as_ref());
                         // An update to a version the parent no longer caches (its trim's
                         // "leaving" update): the view passes the same on and drops it too.
-                        if parent.store().get(&key).is_none() {
+                        let Some(current) = parent.store().get(&key) else {
                             if let Some(old) = cache.remove(&key) {
                                 let _ = tx.send(Change::Updated { old, new });
                             }
                             continue;
-                        }
+                        };
+                        // The parent's current version, not the change's: a change sent
+                        // between the subscription and the first fill is older than what
+                        // the fill took, and must not roll the view back.
+                        let new = current;
                         let change = if keep(&new) {
                             match cache.insert(key, new.clone()) {
                                 Some(old) if Arc::ptr_eq(&old, &new) => continue,

@@ -362,3 +362,58 @@ async fn a_view_keeps_what_its_filter_accepts_and_sends_entries_and_exits() {
     assert!(cached(&view).is_empty());
     stop.cancel();
 }
+
+/// `view_after`: the view stays unsynced (and empty) until its gate opens, even though the parent
+/// synced; what changed in between is in its first fill, sent to early subscribers as additions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_view_syncs_when_its_gate_opens_with_what_changed_meanwhile() {
+    let server = ApiServer::start().await.unwrap();
+    let api: Api<Service> = Api::namespaced(server.client(), NS);
+    let stop = CancellationToken::new();
+    create(&api, "mine-before", "LoadBalancer").await;
+    label(&api, "mine-before", "mine").await;
+    let (parent, _parent_rx) = start_synced(&server, &stop).await;
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let view = parent.view_after(
+        std::sync::Arc::new(|s: &Service| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("x"))
+                .is_some_and(|v| v == "mine")
+        }),
+        async move {
+            let _ = gate.await;
+        },
+        stop.clone(),
+    );
+    let mut rx = view.subscribe();
+    // While the gate is shut: a change the view must not lose.
+    create(&api, "mine-meanwhile", "LoadBalancer").await;
+    label(&api, "mine-meanwhile", "mine").await;
+    label(&api, "mine-before", "theirs").await;
+    // The parent has them all before the gate opens (so the first fill is what is asserted).
+    let x_of = |name: &str| {
+        parent
+            .store()
+            .get(&format!("{NS}/{name}"))
+            .and_then(|s| s.metadata.labels.as_ref()?.get("x").cloned())
+    };
+    eventually_async("the parent caught up", Duration::from_secs(20), || {
+        let done = x_of("mine-before").as_deref() == Some("theirs")
+            && x_of("mine-meanwhile").as_deref() == Some("mine");
+        async move { done.then_some(()) }
+    })
+    .await;
+    let waited = tokio::time::timeout(Duration::from_millis(500), view.wait_synced()).await;
+    assert!(waited.is_err(), "the view synced before its gate opened");
+    assert!(cached(&view).is_empty());
+    open.send(()).unwrap();
+    assert!(view.wait_synced().await);
+    assert_eq!(
+        next_changes(&mut rx, 1).await,
+        [added("mine-meanwhile", "LoadBalancer")]
+    );
+    assert_eq!(cached(&view), keys(&["mine-meanwhile"]));
+    stop.cancel();
+}

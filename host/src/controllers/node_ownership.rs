@@ -78,11 +78,18 @@ impl FirstRound {
         self.0.send_replace(true);
     }
 
-    /// Wait until [`Self::finish`]; forever if nobody calls it.
+    /// Wait until [`Self::finish`]: at most [`FIRST_ROUND_MAX`] and 5 s more, a backstop in
+    /// case the controller ended without finishing the round (it does so itself after
+    /// [`FIRST_ROUND_MAX`]).
     pub async fn finished(self) {
         let mut rx = self.0.subscribe();
-        // The sender lives in `self`, so the wait can only end by the value turning true.
-        let _ = rx.wait_for(|done| *done).await;
+        // The sender lives in `self`, so the wait only ends by the value turning true or the
+        // backstop.
+        let _ = tokio::time::timeout(
+            FIRST_ROUND_MAX + Duration::from_secs(5),
+            rx.wait_for(|done| *done),
+        )
+        .await;
     }
 
     /// Is the round over?
@@ -232,13 +239,20 @@ pub async fn run(
                     if let Some(name) = &n.metadata.name {
                         queue.add(name.clone());
                     }
-                } else if let Some(name) = &n.metadata.name {
-                    pending.decided(name);
+                }
+                // Decided from the cache, not from this change: changes made while the cache
+                // first synced arrive after the pending set was built and may be older.
+                if let Some(name) = &n.metadata.name {
+                    if !still_candidate(name) {
+                        pending.decided(name);
+                    }
                 }
             }
             Ok(Change::Deleted(n)) => {
                 if let Some(name) = &n.metadata.name {
-                    pending.decided(name);
+                    if !still_candidate(name) {
+                        pending.decided(name);
+                    }
                 }
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
