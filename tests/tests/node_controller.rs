@@ -982,10 +982,12 @@ async fn a_stale_cache_does_not_initialise_a_node_twice() {
         ),
     )
     .await;
-    h.server
-        .controls()
-        .seed(node("node0", json!([cloud_taint()]), json!({})))
-        .unwrap();
+    for name in ["node0", "node1"] {
+        h.server
+            .controls()
+            .seed(node(name, json!([cloud_taint()]), json!({})))
+            .unwrap();
+    }
     let informers = tokio_util::sync::CancellationToken::new();
     let ctx = ControllerContext::new(
         &h.client,
@@ -1023,21 +1025,6 @@ async fn a_stale_cache_does_not_initialise_a_node_twice() {
 
     // A taint removed by hand (no providerID) while the cache still shows it is no earlier
     // initialisation: after the Conflict the node is initialised.
-    h.server
-        .controls()
-        .seed(node("node1", json!([cloud_taint()]), json!({})))
-        .unwrap();
-    let informers = tokio_util::sync::CancellationToken::new();
-    let ctx = ControllerContext::new(
-        &h.client,
-        &h.provider,
-        &h.metrics,
-        cfg(),
-        "test-host",
-        &informers,
-    );
-    assert!(ctx.nodes.wait_synced().await);
-    informers.cancel();
     kube::Api::<k8s_openapi::api::core::v1::Node>::all(h.client.clone())
         .patch(
             "node1",
@@ -1046,7 +1033,7 @@ async fn a_stale_cache_does_not_initialise_a_node_twice() {
         )
         .await
         .unwrap();
-    NodeController::new(ctx).sync_node("node1").await.unwrap();
+    controller.sync_node("node1").await.unwrap();
     assert_eq!(stored(&h, "node1")["spec"]["providerID"], "fake://node1");
     assert_eq!(writes(&h, "node1").0, 1);
 }

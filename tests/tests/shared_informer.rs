@@ -80,6 +80,17 @@ fn cached(informer: &SharedInformer<Service>) -> BTreeSet<String> {
     informer.list().iter().map(|s| cache_key(&**s)).collect()
 }
 
+/// A view's filter: the Services labelled `x=mine`.
+fn labelled_mine() -> ccm_host::informer::Keep<Service> {
+    std::sync::Arc::new(|s: &Service| {
+        s.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("x"))
+            .is_some_and(|v| v == "mine")
+    })
+}
+
 fn keys(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| format!("{NS}/{n}")).collect()
 }
@@ -302,16 +313,7 @@ async fn a_view_keeps_what_its_filter_accepts_and_sends_entries_and_exits() {
     create(&api, "other-before", "LoadBalancer").await;
 
     let (parent, _parent_rx) = start_synced(&server, &stop).await;
-    let view = parent.view(
-        std::sync::Arc::new(|s: &Service| {
-            s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("x"))
-                .is_some_and(|v| v == "mine")
-        }),
-        stop.clone(),
-    );
+    let view = parent.view(labelled_mine(), stop.clone());
     let mut rx = view.subscribe();
     assert!(view.wait_synced().await);
     // The first list of the view is its cache, sent as additions to early subscribers.
@@ -375,13 +377,7 @@ async fn a_gated_view_syncs_when_its_gate_opens_with_what_changed_meanwhile() {
     let (parent, _parent_rx) = start_synced(&server, &stop).await;
     let (open, gate) = tokio::sync::oneshot::channel::<()>();
     let view = parent.view_after(
-        std::sync::Arc::new(|s: &Service| {
-            s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("x"))
-                .is_some_and(|v| v == "mine")
-        }),
+        labelled_mine(),
         async move {
             let _ = gate.await;
         },
