@@ -56,6 +56,18 @@ async fn initialize(h: &Harness) {
     h.provider.initialize(host).await.expect("Initialize");
 }
 
+/// Reload the provider with default instance type `large`, applied in place by `reconfigure`.
+async fn reconfigure_to_large(h: &Harness) {
+    let reloaded = h
+        .provider
+        .reload(&config_bytes(
+            h,
+            json!({"defaults": {"instanceType": "large"}}),
+        ))
+        .await;
+    assert_eq!(reloaded, Ok(ReloadMethod::Reconfigure));
+}
+
 fn calls_named(h: &Harness, call: &str) -> usize {
     h.calls().iter().filter(|c| c.call == call).count()
 }
@@ -117,14 +129,7 @@ async fn a_new_config_is_applied_in_place_by_reconfigure_and_the_controllers_use
     eventually("node 'before' initialised", WAIT, || type_of("before")).await;
     assert_eq!(type_of("before").as_deref(), Some("small"));
 
-    let reloaded = h
-        .provider
-        .reload(&config_bytes(
-            &h,
-            json!({"defaults": {"instanceType": "large"}}),
-        ))
-        .await;
-    assert_eq!(reloaded, Ok(ReloadMethod::Reconfigure));
+    reconfigure_to_large(&h).await;
 
     create("after").unwrap();
     let t = eventually("node 'after' initialised", WAIT, || type_of("after")).await;
@@ -359,14 +364,7 @@ async fn a_lookup_under_way_during_a_reload_is_neither_joined_nor_kept() {
         (calls_named(&h, "instance-metadata-by-provider-id") == 1).then_some(())
     })
     .await;
-    let reloaded = h
-        .provider
-        .reload(&config_bytes(
-            &h,
-            json!({"defaults": {"instanceType": "large"}}),
-        ))
-        .await;
-    assert_eq!(reloaded, Ok(ReloadMethod::Reconfigure));
+    reconfigure_to_large(&h).await;
 
     // Asked after the reload: a call of its own (the paused one would answer for the old
     // config, and only once the gate opens).
