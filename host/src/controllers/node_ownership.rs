@@ -161,26 +161,24 @@ pub async fn run(
             }
         }
     };
-    enqueue_all(&queue);
-    let pending = Arc::new(Pending {
-        names: Mutex::new(
-            ctx.nodes
-                .list()
-                .iter()
-                .filter(|n| candidate(n))
-                .filter_map(|n| n.metadata.name.clone())
-                .collect(),
-        ),
-        round: first_round.clone(),
-    });
-    if pending
-        .names
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .is_empty()
-    {
+    // The first round: the candidates now, queued once and waited for.
+    let initial: HashSet<String> = ctx
+        .nodes
+        .list()
+        .iter()
+        .filter(|n| candidate(n))
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    for name in &initial {
+        queue.add(name.clone());
+    }
+    if initial.is_empty() {
         first_round.finish();
     }
+    let pending = Arc::new(Pending {
+        names: Mutex::new(initial),
+        round: first_round.clone(),
+    });
     // A node of the first round is decided once its claim reached the cache (it is no longer
     // a candidate there), or once it was asked about without a claim (no provider knows it,
     // or one could not answer: later rounds are not waited for).
