@@ -113,6 +113,9 @@ pub struct SharedInformer<K> {
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
     synced: watch::Receiver<bool>,
+    /// The watch's [`Trim`] (a view's is its parent's): a view uses it to tell an update
+    /// leaving the cache from one whose object the parent has since deleted.
+    trim: Trim<K>,
 }
 
 impl<K> Clone for SharedInformer<K> {
@@ -121,6 +124,7 @@ impl<K> Clone for SharedInformer<K> {
             store: self.store.clone(),
             changes: self.changes.clone(),
             synced: self.synced.clone(),
+            trim: self.trim,
         }
     }
 }
@@ -274,6 +278,7 @@ where
             store,
             changes,
             synced,
+            trim,
         }
     }
 }
@@ -332,18 +337,26 @@ where
                 match change {
                     Ok(Change::Added(new) | Change::Updated { new, .. }) => {
                         let key = cache_key(new.as_ref());
-                        // An update to a version the parent no longer caches (its trim's
-                        // "leaving" update): the view passes the same on and drops it too.
-                        let Some(current) = parent.store().get(&key) else {
-                            if let Some(old) = cache.remove(&key) {
-                                let _ = tx.send(Change::Updated { old, new });
+                        let new = match parent.store().get(&key) {
+                            // The parent's current version, not the change's: a change sent
+                            // between the subscription and the first fill is older than
+                            // what the fill took, and must not roll the view back.
+                            Some(current) => current,
+                            // An update to a version the parent does not cache (its trim's
+                            // "leaving" update): the view passes the same on and drops it
+                            // too.
+                            None if !(parent.trim)(&mut (*new).clone()) => {
+                                if let Some(old) = cache.remove(&key) {
+                                    let _ = tx.send(Change::Updated { old, new });
+                                }
+                                continue;
                             }
-                            continue;
+                            // Cached by the parent, but deleted there since: its `Deleted`
+                            // follows. Taken as it is, so that the deletion removes it from
+                            // the view and is passed on (as a leaving update it would
+                            // have been swallowed).
+                            None => new,
                         };
-                        // The parent's current version, not the change's: a change sent
-                        // between the subscription and the first fill is older than what
-                        // the fill took, and must not roll the view back.
-                        let new = current;
                         let change = if keep(&new) {
                             match cache.insert(key, new.clone()) {
                                 Some(old) if Arc::ptr_eq(&old, &new) => continue,
@@ -374,6 +387,7 @@ where
             store,
             changes,
             synced,
+            trim: self.trim,
         }
     }
 }
@@ -443,5 +457,108 @@ impl<K> SharedInformer<K> {
         let mut synced = self.synced.clone();
         let ready = synced.wait_for(|ready| *ready).await.is_ok();
         ready
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
+    use std::time::Duration;
+
+    /// A parent informer fed by hand: its store and changes are what the test says, in the
+    /// order a real watch can produce them.
+    fn parent<K: Resource + Clone>(trim: Trim<K>) -> (SharedInformer<K>, watch::Sender<bool>) {
+        let (changes, _) = broadcast::channel(CHANGE_BUFFER);
+        let (synced_tx, synced) = watch::channel(false);
+        let informer = SharedInformer {
+            store: Store::default(),
+            changes,
+            synced,
+            trim,
+        };
+        (informer, synced_tx)
+    }
+
+    fn node(name: &str, version: &str) -> Arc<Node> {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.resource_version = Some(version.into());
+        Arc::new(n)
+    }
+
+    async fn next<K: Clone>(rx: &mut broadcast::Receiver<Change<K>>) -> Change<K> {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a change within 10 s")
+            .expect("the channel is open")
+    }
+
+    fn version<K: Resource>(obj: &K) -> &str {
+        obj.meta().resource_version.as_deref().unwrap_or_default()
+    }
+
+    /// The view reads an update after the parent has already deleted the object (the parent's
+    /// task is ahead of the view's): the deletion that follows still reaches the view's
+    /// subscribers. (Taken as a trim's "leaving" update, it was swallowed, and a provider's
+    /// load balancer kept a deleted node as a host: found by tests/hybrid.rs.)
+    #[tokio::test]
+    async fn a_view_passes_on_a_deletion_the_parent_made_before_the_view_read_its_update() {
+        let (parent, synced) = parent::<Node>(|_| true);
+        let v1 = node("n", "1");
+        parent.store.insert("n".into(), v1.clone());
+        synced.send_replace(true);
+        let view = parent.view(Arc::new(|_: &Node| true), CancellationToken::new());
+        let mut rx = view.subscribe();
+        assert!(view.wait_synced().await);
+        assert!(matches!(next(&mut rx).await, Change::Added(n) if version(&*n) == "1"));
+        // The parent updates and deletes n before the view task looks at either change.
+        let v2 = node("n", "2");
+        parent.store.remove("n");
+        let _ = parent.changes.send(Change::Updated {
+            old: v1,
+            new: v2.clone(),
+        });
+        let _ = parent.changes.send(Change::Deleted(v2));
+        assert!(
+            matches!(next(&mut rx).await, Change::Updated { new, .. } if version(&*new) == "2")
+        );
+        assert!(matches!(next(&mut rx).await, Change::Deleted(n) if version(&*n) == "2"));
+        assert!(view.list().is_empty());
+    }
+
+    /// A trim's "leaving" update (the object changed into one the parent does not cache) is
+    /// passed on as such and drops the object from the view; no deletion follows.
+    #[tokio::test]
+    async fn a_view_passes_on_a_leaving_update_and_drops_the_object() {
+        fn lb_only(s: &mut Service) -> bool {
+            s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+        }
+        let svc = |version: &str, type_: &str| {
+            let mut s = Service::default();
+            s.metadata.name = Some("s".into());
+            s.metadata.namespace = Some("ns".into());
+            s.metadata.resource_version = Some(version.into());
+            s.spec = Some(ServiceSpec {
+                type_: Some(type_.into()),
+                ..Default::default()
+            });
+            Arc::new(s)
+        };
+        let (parent, synced) = parent::<Service>(lb_only);
+        let v1 = svc("1", "LoadBalancer");
+        parent.store.insert("ns/s".into(), v1.clone());
+        synced.send_replace(true);
+        let view = parent.view(Arc::new(|_: &Service| true), CancellationToken::new());
+        let mut rx = view.subscribe();
+        assert!(view.wait_synced().await);
+        assert!(matches!(next(&mut rx).await, Change::Added(_)));
+        let v2 = svc("2", "ClusterIP");
+        parent.store.remove("ns/s");
+        let _ = parent.changes.send(Change::Updated { old: v1, new: v2 });
+        assert!(
+            matches!(next(&mut rx).await, Change::Updated { new, .. } if version(&*new) == "2")
+        );
+        assert!(view.list().is_empty());
     }
 }
