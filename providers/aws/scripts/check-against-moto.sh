@@ -8,6 +8,13 @@
 # prints check's table, stops moto, and exits with check's exit code.
 #
 #   bash providers/aws/scripts/check-against-moto.sh [extra ccm-host check flags, e.g. -o json]
+#
+# For the image test (deploy/image-test.sh):
+#   CCM_MOTO_TLS=1          moto serves HTTPS with a certificate of a CA made here (openssl)
+#   CCM_CHECK_IMAGE=IMAGE   run check in that image with podman (its own plugins, the manifests'
+#                           security context, host network), not the host's build
+#   CCM_CHECK_MOUNT_CA=1    mount that CA over the image's /etc/ssl/certs/ca-certificates.crt,
+#                           the standard bundle path (0: do not; the HTTPS calls must then fail)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../../.." && pwd)"
 cd "$root"
@@ -15,8 +22,11 @@ cd "$root"
 moto_server="$(bash providers/aws/scripts/install-moto.sh)"
 python="$(dirname "$moto_server")/python"
 
-echo "== building ccm-host and the aws plugin" >&2
-cargo build --quiet -p ccm-host -p ccm-provider-aws >&2
+image="${CCM_CHECK_IMAGE:-}"
+if [ -z "$image" ]; then
+  echo "== building ccm-host and the aws plugin" >&2
+  cargo build --quiet -p ccm-host -p ccm-provider-aws >&2
+fi
 target="${CARGO_TARGET_DIR:-$root/target}"
 
 work="$(mktemp -d)"
@@ -28,9 +38,25 @@ cleanup() {
 trap cleanup EXIT
 
 port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$moto_server" -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
+tls=()
+scheme=http
+ca=""
+if [ "${CCM_MOTO_TLS:-0}" = 1 ]; then
+  # A CA and a serving certificate for 127.0.0.1, as a private endpoint would have.
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=ccm-check-ca \
+    -keyout "$work/ca.key" -out "$work/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 \
+    -keyout "$work/moto.key" -out "$work/moto.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$work/ext"
+  openssl x509 -req -in "$work/moto.csr" -CA "$work/ca.crt" -CAkey "$work/ca.key" -CAcreateserial \
+    -days 1 -extfile "$work/ext" -out "$work/moto.crt" 2>/dev/null
+  tls=(-c "$work/moto.crt" -k "$work/moto.key")
+  scheme=https
+  ca="$work/ca.crt"
+fi
+"$moto_server" -H 127.0.0.1 -p "$port" "${tls[@]}" >"$work/moto.log" 2>&1 &
 moto_pid=$!
-url="http://127.0.0.1:$port"
+url="$scheme://127.0.0.1:$port"
 
 cluster=ccm-check
 export AWS_ACCESS_KEY_ID=ccmcheck AWS_SECRET_ACCESS_KEY=ccmcheck AWS_DEFAULT_REGION=us-east-1
@@ -41,19 +67,20 @@ export AWS_SHARED_CREDENTIALS_FILE="$work/credentials" AWS_CONFIG_FILE="$work/co
 : >"$AWS_CONFIG_FILE"
 
 echo "== moto on $url: creating the VPC and the check instances" >&2
-"$python" - "$url" "$cluster" >"$work/nodes" <<'PY'
-import sys, time, urllib.request
+"$python" - "$url" "$cluster" "$ca" >"$work/nodes" <<'PY'
+import ssl, sys, time, urllib.request
 import boto3
-url, cluster = sys.argv[1], sys.argv[2]
+url, cluster, ca = sys.argv[1], sys.argv[2], sys.argv[3] or None
+context = ssl.create_default_context(cafile=ca) if ca else None
 for _ in range(300):
     try:
-        urllib.request.urlopen(url + "/moto-api/", timeout=1)
+        urllib.request.urlopen(url + "/moto-api/", timeout=1, context=context)
         break
     except Exception:
         time.sleep(0.1)
 else:
     sys.exit("moto did not start")
-ec2 = boto3.client("ec2", endpoint_url=url, region_name="us-east-1")
+ec2 = boto3.client("ec2", endpoint_url=url, region_name="us-east-1", verify=ca)
 tag = "kubernetes.io/cluster/" + cluster
 vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
 igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
@@ -110,6 +137,25 @@ done <"$work/nodes"
 
 echo "== ccm-host check --cloud-provider aws ${args[*]}" >&2
 status=0
+if [ -n "$image" ]; then
+  # The image's user (65532) reads the config and the (empty) AWS files.
+  chmod 0755 "$work"
+  chmod 0644 "$work/cloud.conf" "$AWS_SHARED_CREDENTIALS_FILE" "$AWS_CONFIG_FILE"
+  mounts=(-v "$work/cloud.conf:/etc/ccm-host/cloud.conf:ro" -v "$work/credentials:/aws/credentials:ro"
+    -v "$work/config:/aws/config:ro")
+  if [ -n "$ca" ] && [ "${CCM_CHECK_MOUNT_CA:-1}" = 1 ]; then
+    chmod 0644 "$ca"
+    mounts+=(-v "$ca:/etc/ssl/certs/ca-certificates.crt:ro")
+  fi
+  podman run --rm --network host --read-only --cap-drop=ALL --security-opt no-new-privileges \
+    --user 65532:65532 --memory 256m "${mounts[@]}" \
+    -e AWS_ACCESS_KEY_ID -e AWS_SECRET_ACCESS_KEY -e AWS_DEFAULT_REGION \
+    -e AWS_SHARED_CREDENTIALS_FILE=/aws/credentials -e AWS_CONFIG_FILE=/aws/config \
+    "$image" check --cloud-provider aws --cloud-config /etc/ccm-host/cloud.conf "${args[@]}" \
+    --absent-provider-id aws:///us-east-1a/i-0123456789abcdef0 \
+    --cluster-name "$cluster" --cluster-cidr 10.244.0.0/16 "$@" || status=$?
+  exit "$status"
+fi
 "$target/debug/ccm-host" check --plugin-dir "$work/plugins" --cloud-provider aws \
   --cloud-config "$work/cloud.conf" "${args[@]}" \
   --absent-provider-id aws:///us-east-1a/i-0123456789abcdef0 \
