@@ -476,7 +476,7 @@ async fn client_ca(
             Ok(Err(e)) => {
                 let hint = match &e {
                     kube::Error::Api(status) if status.code == 403 => {
-                        " (grant the Role kube-system/extension-apiserver-authentication-reader, see deploy/rbac.yaml)"
+                        " (grant the Role kube-system/extension-apiserver-authentication-reader, see deploy/base/rbac.yaml)"
                     }
                     _ => "",
                 };
