@@ -268,23 +268,8 @@ async fn discovery_and_kubeconfig() {
     let info = server.client().apiserver_version().await.unwrap();
     assert_eq!(info.major, "1");
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&path).unwrap();
-    let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(cfg).unwrap();
-    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
-    let names: Vec<String> = nss
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|n| n.metadata.name)
-        .collect();
+    let client = support::client_from_written_kubeconfig(&server).await;
+    let names = support::namespace_names(client).await;
     assert_eq!(
         names,
         ["default", "kube-node-lease", "kube-public", "kube-system"]

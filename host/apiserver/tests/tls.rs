@@ -1,5 +1,7 @@
 //! The server over HTTPS: clients from its kubeconfig trust its CA; others are refused.
 
+mod support;
+
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
 use kube_apiserver_inmem::{ApiServer, ApiServerOptions, ServingIdentity};
@@ -21,22 +23,8 @@ async fn a_client_from_the_kubeconfig_trusts_the_servers_ca() {
         "{}",
         server.url()
     );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&path).unwrap();
-    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
-    let names: Vec<String> = Api::<Namespace>::all(client)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|n| n.metadata.name)
-        .collect();
+    let client = support::client_from_written_kubeconfig(&server).await;
+    let names = support::namespace_names(client).await;
     assert!(names.contains(&"kube-system".to_string()), "{names:?}");
     server.shutdown().await;
 }

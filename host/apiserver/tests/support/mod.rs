@@ -43,3 +43,30 @@ pub fn api_reason(e: &kube::Error) -> String {
         other => format!("not an API error: {other}"),
     }
 }
+
+/// A client built the way users build one: from the kubeconfig the server writes to a file.
+pub async fn client_from_written_kubeconfig(
+    server: &kube_apiserver_inmem::ApiServer,
+) -> kube::Client {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&path).unwrap();
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// The names of every namespace, as listed through `client`.
+pub async fn namespace_names(client: kube::Client) -> Vec<String> {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
+    namespaces
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect()
+}
