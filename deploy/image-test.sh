@@ -140,18 +140,19 @@ runs_as_65532() { [ "$(podman image inspect "$image" --format '{{.Config.User}}'
 check "runs as 65532:65532" runs_as_65532
 
 glibc_within_the_base() {
-  local dir="$work/extract" c needed have
+  local dir="$work/extract" c
   mkdir -p "$dir"
   c=$(podman create "$image") || return 1
   podman cp "$c:/usr/bin/ccm-host" "$dir/" && podman cp "$c:/usr/lib/ccm-host/plugins" "$dir/"
   podman rm -f "$c" >/dev/null
-  needed=$(objdump -T "$dir/ccm-host" "$dir"/plugins/*.so | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
-  have=$(in_image sh -c 'ldd --version | head -1' | grep -o '[0-9.]*$')
-  echo "binaries need at most $needed; the base has glibc $have"
-  info "glibc: the binaries need at most $needed; the base has $have" >&2
-  [ "$(printf '%s\n%s\n' "${needed#GLIBC_}" "$have" | sort -V | tail -1)" = "$have" ]
+  glibc_needed=$(objdump -T "$dir/ccm-host" "$dir"/plugins/*.so | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+  glibc_base=$(in_image sh -c 'ldd --version | head -1' | grep -o '[0-9.]*$')
+  echo "binaries need at most $glibc_needed; the base has glibc $glibc_base"
+  [ "$(printf '%s\n%s\n' "${glibc_needed#GLIBC_}" "$glibc_base" | sort -V | tail -1)" = "$glibc_base" ]
 }
+glibc_needed=unknown glibc_base=unknown
 check "glibc symbols within the base's glibc" glibc_within_the_base
+info "glibc: the binary and plugins need at most $glibc_needed; the base has $glibc_base"
 
 # ---------------------------------------------------------------------------------------------
 # Smoke tests under the manifests' security context
