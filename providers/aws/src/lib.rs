@@ -25,6 +25,7 @@ pub mod config;
 pub mod credentials;
 pub mod instances;
 pub mod loadbalancer;
+pub mod region;
 pub mod routes;
 pub mod runtime;
 pub mod tags;

@@ -531,20 +531,52 @@ async fn annotations_and_external_traffic_policy_local_shape_the_nlb() {
     );
 }
 
+/// The target groups of the Service's NLB (through its listeners: moto's ModifyListener does
+/// not update a group's `LoadBalancerArns`).
+async fn groups_of_service(env: &AwsEnv, name: &str) -> Vec<String> {
+    let svc = stored_service(env, name).await;
+    let lb = env
+        .api
+        .describe_load_balancer(&lb_name_of(&svc))
+        .await
+        .unwrap()
+        .expect("the NLB exists");
+    let mut arns: Vec<String> = env
+        .api
+        .listeners_of(&lb.arn)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|l| l.target_group_arn)
+        .collect();
+    arns.sort();
+    arns.dedup();
+    arns
+}
+
+fn events_of(env: &AwsEnv, service: &str, reason: &str) -> Vec<serde_json::Value> {
+    env.events()
+        .into_iter()
+        .filter(|e| e["involvedObject"]["name"] == service && e["reason"] == reason)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_or_unsupported_annotations_are_warnings_naming_the_key_without_aws_calls() {
+async fn unknown_annotations_are_ignored_and_invalid_values_never_stop_the_targets() {
     let moto = shared_moto();
     let env = AwsEnv::start(moto.moto).await;
-    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
-    ready_nodes(&env, &instances);
+    let instances = run_instances(&env.api, &env.cloud, 4, 0, "m5.large").await;
+    let names = ready_nodes(&env, &instances[..2]);
     let ctx = env.context(cfg());
     assert!(ctx.nodes.wait_synced().await);
     assert!(ctx.services.wait_synced().await);
-    env.proxy.clear_counts();
     tokio::spawn(service::run(ctx.clone()));
     let services = Api::<Service>::namespaced(env.client.clone(), "default");
     let interval = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval";
+    let target_type = "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type";
     let proxy_protocol = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+    env.proxy.clear_counts();
+    // Invalid from the start: no load balancer, a Warning naming the key and the value.
     services
         .create(
             &PostParams::default(),
@@ -552,13 +584,32 @@ async fn invalid_or_unsupported_annotations_are_warnings_naming_the_key_without_
         )
         .await
         .unwrap();
+    // An AWS Load Balancer Controller key and a classic-ELB key: ignored (one Warning).
     services
         .create(
             &PostParams::default(),
-            &lb_service("old-style", json!({proxy_protocol: "*"}), json!({})),
+            &lb_service(
+                "unknown",
+                json!({target_type: "instance", proxy_protocol: "*"}),
+                json!({}),
+            ),
         )
         .await
         .unwrap();
+    // Valid at first, an invalid value later.
+    services
+        .create(
+            &PostParams::default(),
+            &lb_service("later", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    for name in ["unknown", "later"] {
+        eventually_async(&format!("{name}'s ingress hostname"), WAIT, || async {
+            ingress_hostname(&stored_service(&env, name).await)
+        })
+        .await;
+    }
     let e = eventually(
         "a Warning event naming the interval annotation",
         WAIT,
@@ -566,24 +617,99 @@ async fn invalid_or_unsupported_annotations_are_warnings_naming_the_key_without_
     )
     .await;
     assert_eq!(e["type"], "Warning");
+    assert_eq!(e["involvedObject"]["name"], "bad-interval");
     assert!(e["message"].as_str().unwrap().contains("\"soon\""), "{e}");
-    let e = eventually(
-        "a Warning event naming the proxy-protocol annotation",
-        WAIT,
-        || events_with(&env, proxy_protocol).into_iter().next(),
-    )
-    .await;
-    assert!(
-        e["message"].as_str().unwrap().contains("proxy_protocol_v2"),
-        "{e}"
-    );
+    assert!(ingress_hostname(&stored_service(&env, "bad-interval").await).is_none());
     assert_eq!(
-        env.proxy.total(),
-        0,
-        "no AWS call for an invalid Service: {:?}",
+        env.proxy.count("CreateLoadBalancer"),
+        2,
+        "{:?}",
         env.proxy.counts()
     );
-    assert!(ingress_hostname(&stored_service(&env, "bad-interval").await).is_none());
+
+    services
+        .patch(
+            "later",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {interval: "often"}}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "a Warning event naming later's invalid interval",
+        WAIT,
+        || events_with(&env, "\"often\"").into_iter().next(),
+    )
+    .await;
+
+    let mut groups = groups_of_service(&env, "unknown").await;
+    groups.extend(groups_of_service(&env, "later").await);
+    assert_eq!(groups.len(), 4);
+    let ids = |idx: &[usize]| -> BTreeSet<String> {
+        idx.iter().map(|i| instances[*i].id.clone()).collect()
+    };
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[0, 1]), "the first two nodes").await;
+    }
+    // Node churn: a node added, a node excluded, a node deleted.
+    let added = ready_nodes(&env, &instances[2..3]);
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[0, 1, 2]), "the added node registered").await;
+    }
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    nodes
+        .patch(
+            &names[0],
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"node.kubernetes.io/exclude-from-external-load-balancers": ""}}})),
+        )
+        .await
+        .unwrap();
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[1, 2]), "the excluded node deregistered").await;
+    }
+    nodes
+        .delete(&names[1], &DeleteParams::default())
+        .await
+        .unwrap();
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[2]), "the deleted node deregistered").await;
+    }
+    // A Ready node whose instance is stopped is never sent to RegisterTargets.
+    ec2(
+        &env.api,
+        "StopInstances",
+        &[("InstanceId.1", &instances[3].id)],
+    )
+    .await;
+    ready_nodes(&env, &instances[3..4]);
+    let excluded = added[0].clone();
+    nodes
+        .patch(
+            &excluded,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"churn": "1"}}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[2]), "the stopped instance is no target").await;
+    }
+    assert_eq!(
+        env.proxy.count("!InvalidTarget"),
+        0,
+        "no stopped instance sent: {:?}",
+        env.proxy.counts()
+    );
+
+    // The ignored keys: one Warning for the Service, naming both, however often it synced.
+    let warned = events_of(&env, "unknown", "IgnoredAnnotations");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let m = warned[0]["message"].as_str().unwrap();
+    assert!(m.contains(target_type) && m.contains(proxy_protocol), "{m}");
+    assert_eq!(warned[0]["type"], "Warning");
+    assert!(events_of(&env, "later", "IgnoredAnnotations").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -793,57 +919,6 @@ async fn routes_are_created_for_pod_cidrs_and_removed_with_their_nodes() {
 }
 
 // ---- Credentials ------------------------------------------------------------------------------
-
-/// moto with IAM enforcement: the first four calls are free (they create a user with an
-/// allow-all policy and its access key); every later call needs that key.
-async fn moto_with_iam() -> (Moto, String, String) {
-    let moto = Moto::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", "4")]);
-    let api = direct_client(&moto.url());
-    let iam = ccm_provider_aws::api::Endpoint {
-        service: "iam",
-        version: "2010-05-08",
-        url: moto.url(),
-        signing_region: REGION.into(),
-        signing_name: "iam".into(),
-    };
-    let call = |action: &'static str, params: Vec<(&'static str, String)>| {
-        let (api, iam) = (&api, iam.clone());
-        async move {
-            let mut p = ccm_provider_aws::api::Params::new();
-            for (k, v) in params {
-                p.set(k, v);
-            }
-            api.call(&iam, action, &p)
-                .await
-                .unwrap_or_else(|e| panic!("{action}: {e}"))
-        }
-    };
-    call("CreateUser", vec![("UserName", "ccm".into())]).await;
-    let key = call("CreateAccessKey", vec![("UserName", "ccm".into())]).await;
-    let policy =
-        r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}"#;
-    let arn = first(
-        &call(
-            "CreatePolicy",
-            vec![
-                ("PolicyName", "all".into()),
-                ("PolicyDocument", policy.into()),
-            ],
-        )
-        .await,
-        "Arn",
-    );
-    call(
-        "AttachUserPolicy",
-        vec![("UserName", "ccm".into()), ("PolicyArn", arn)],
-    )
-    .await;
-    (
-        moto,
-        first(&key, "AccessKeyId"),
-        first(&key, "SecretAccessKey"),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_a_clear_error_and_delete_no_node_and_rotated_keys_are_picked_up() {

@@ -227,7 +227,12 @@ impl AwsClient {
         let mut refreshed = false;
         loop {
             attempt += 1;
+            let entry = crate::runtime::InFlight::start(format!(
+                "{} {action} at {}",
+                endpoint.service, endpoint.url
+            ));
             let result = self.send(endpoint, action, &body).await;
+            entry.done();
             self.counts.total.fetch_add(1, Ordering::Relaxed);
             let e = match result {
                 Ok(text) => return Ok(text),
