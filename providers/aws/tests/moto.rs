@@ -393,6 +393,35 @@ async fn a_load_balancer_service_becomes_an_nlb_that_follows_the_nodes_and_leave
         wait_targets(&env, &g.arn, &without, "the deleted node deregistered").await;
     }
 
+    // A NodePort change: a new target group, the listener switched to it (ModifyListener,
+    // which moto does not record in the group's LoadBalancerArns), the old group deleted.
+    let mut changed = stored_service(&env, "web").await;
+    for p in changed.spec.as_mut().unwrap().ports.as_mut().unwrap() {
+        if p.port == 80 {
+            p.node_port = Some(30081);
+        }
+    }
+    services
+        .replace("web", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    eventually_async(
+        "the port 80 listener forwards to a group on 30081",
+        WAIT,
+        || async {
+            let l = env.api.listeners_of(&lb.arn).await.unwrap();
+            let arn = l.iter().find(|l| l.port == 80)?.target_group_arn.clone()?;
+            let g = env.api.target_groups_by_arn(&[arn]).await.unwrap();
+            (g.first()?.port == 30081).then_some(())
+        },
+    )
+    .await;
+    eventually_async("the old group deleted", WAIT, || async {
+        let n = env.api.all_target_groups().await.unwrap().len();
+        (n == 2).then_some(())
+    })
+    .await;
+
     // Deleting the Service deletes the NLB, its listeners and target groups.
     services
         .delete("web", &DeleteParams::default())
@@ -1082,6 +1111,13 @@ async fn a_slow_cloud_runs_into_the_call_deadline_and_the_next_call_works() {
         "{:?}",
         started.elapsed()
     );
+    // The message names the AWS action and the endpoint it was waiting for.
+    let waiting = format!(
+        "no answer from ec2 DescribeInstances at {}",
+        env.proxy.url()
+    );
+    assert!(e.message().contains(&waiting), "{e}");
+
     env.proxy.set_delay(Duration::ZERO);
     let md = env
         .provider
@@ -1093,4 +1129,238 @@ async fn a_slow_cloud_runs_into_the_call_deadline_and_the_next_call_works() {
         md.provider_id,
         format!("aws:///{}/{}", instances[0].zone, instances[0].id)
     );
+
+    // So does the event of a load balancer sync that runs into the deadline.
+    env.proxy.set_delay(Duration::from_secs(3));
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    Api::<Service>::namespaced(env.client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &lb_service("slow", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    let ev = eventually("a deadline event naming the AWS call", WAIT, || {
+        events_with(&env, "call deadline exceeded")
+            .into_iter()
+            .next()
+    })
+    .await;
+    let m = ev["message"].as_str().unwrap();
+    assert!(
+        m.contains("no answer from ") && m.contains(&format!(" at {}", env.proxy.url())),
+        "{m}"
+    );
+    assert!(
+        ["DescribeInstances", "DescribeLoadBalancers", "DescribeTags"]
+            .iter()
+            .any(|a| m.contains(a)),
+        "{m}"
+    );
+    env.proxy.set_delay(Duration::ZERO);
+}
+
+// ---- Adoption ---------------------------------------------------------------------------------
+
+/// The AWS CCM's `buildTargetGroupName`, computed outside the plugin (Python's hashlib in the
+/// moto venv): `k8s-<ns8>-<name8>-<sha1 10 hex>` over cluster ID, namespace, name, port,
+/// NodePort, target protocol, target type, health check protocol and interval, concatenated.
+#[allow(clippy::too_many_arguments)]
+fn aws_ccm_target_group_name(
+    cluster: &str,
+    ns: &str,
+    name: &str,
+    port: u16,
+    node_port: u16,
+    protocol: &str,
+    hc_protocol: &str,
+    hc_interval: u32,
+) -> String {
+    let python = moto_server_path().parent().unwrap().join("python");
+    let input =
+        format!("{cluster}{ns}{name}{port}{node_port}{protocol}instance{hc_protocol}{hc_interval}");
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import hashlib,re,sys; ns,n,s=sys.argv[1:4]; c=lambda x: re.sub('[^A-Za-z0-9]','',x)[:8]; print('k8s-%s-%s-%s' % (c(ns), c(n), hashlib.sha1(s.encode()).hexdigest()[:10]))",
+            ns,
+            name,
+            &input,
+        ])
+        .output()
+        .expect("python of the moto venv");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The state adoption must not change: load balancers, target groups (ARN and name), listeners.
+async fn elb_state(env: &AwsEnv) -> (Vec<String>, Vec<(String, String)>, Vec<String>) {
+    let lbs = all(
+        &elb(&env.api, "DescribeLoadBalancers", &[]).await,
+        "LoadBalancerArn",
+    );
+    let mut tgs: Vec<(String, String)> = env
+        .api
+        .all_target_groups()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.arn, t.name))
+        .collect();
+    tgs.sort();
+    let mut listeners = Vec::new();
+    for lb in &lbs {
+        listeners.extend(
+            env.api
+                .listeners_of(lb)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|l| l.arn),
+        );
+    }
+    listeners.sort();
+    (lbs, tgs, listeners)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nlb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anything() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 3, 0, "m5.large").await;
+    ready_nodes(&env, &instances[..2]);
+    // The Service the AWS CCM served: it exists before ccm-host starts.
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let svc = services
+        .create(
+            &PostParams::default(),
+            &lb_service(
+                "handed",
+                json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}),
+                json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+    let uid = svc.metadata.uid.clone().unwrap().replace('-', "");
+    let lb_name: String = format!("a{uid}").chars().take(32).collect();
+    // What the AWS CCM's ensureLoadBalancerv2 creates (aws_loadbalancer.go): the NLB with the
+    // ownership tags, per port a target group named by buildTargetGroupName with its NLB
+    // health check defaults (TCP, traffic-port, 30 s, 3/3; no timeout sent), the nodes
+    // registered on the NodePort, a listener forwarding to it; every resource tagged the same.
+    let cluster_tag = format!("kubernetes.io/cluster/{CLUSTER}");
+    let tag_params = |p: &mut Vec<(String, String)>| {
+        for (i, (k, v)) in [
+            ("kubernetes.io/service-name", "default/handed"),
+            (cluster_tag.as_str(), "owned"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            p.push((format!("Tags.member.{}.Key", i + 1), k.to_string()));
+            p.push((format!("Tags.member.{}.Value", i + 1), v.to_string()));
+        }
+    };
+    let call = |action: &'static str, p: Vec<(String, String)>| {
+        let api = &env.api;
+        async move {
+            let refs: Vec<(&str, &str)> = p.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            elb(api, action, &refs).await
+        }
+    };
+    let mut p = vec![
+        ("Name".to_string(), lb_name.clone()),
+        ("Type".into(), "network".into()),
+        ("Scheme".into(), "internet-facing".into()),
+    ];
+    for (i, (_, subnet)) in env.cloud.subnets.iter().enumerate() {
+        p.push((
+            format!("SubnetMappings.member.{}.SubnetId", i + 1),
+            subnet.clone(),
+        ));
+    }
+    tag_params(&mut p);
+    let lb_arn = first(&call("CreateLoadBalancer", p).await, "LoadBalancerArn");
+    for (port, protocol, node_port) in [(80u16, "TCP", 30080u16), (53, "UDP", 30053)] {
+        let name = aws_ccm_target_group_name(
+            CLUSTER, "default", "handed", port, node_port, protocol, "TCP", 30,
+        );
+        let mut p = vec![
+            ("Name".to_string(), name),
+            ("Protocol".into(), protocol.into()),
+            ("Port".into(), node_port.to_string()),
+            ("VpcId".into(), env.cloud.vpc.clone()),
+            ("HealthCheckProtocol".into(), "TCP".into()),
+            ("HealthCheckPort".into(), "traffic-port".into()),
+            ("HealthCheckIntervalSeconds".into(), "30".into()),
+            ("HealthyThresholdCount".into(), "3".into()),
+            ("UnhealthyThresholdCount".into(), "3".into()),
+            ("TargetType".into(), "instance".into()),
+        ];
+        tag_params(&mut p);
+        let tg = first(&call("CreateTargetGroup", p).await, "TargetGroupArn");
+        let mut p = vec![("TargetGroupArn".to_string(), tg.clone())];
+        for (i, inst) in instances[..2].iter().enumerate() {
+            p.push((format!("Targets.member.{}.Id", i + 1), inst.id.clone()));
+            p.push((
+                format!("Targets.member.{}.Port", i + 1),
+                node_port.to_string(),
+            ));
+        }
+        call("RegisterTargets", p).await;
+        let mut p = vec![
+            ("LoadBalancerArn".to_string(), lb_arn.clone()),
+            ("Port".into(), port.to_string()),
+            ("Protocol".into(), protocol.into()),
+            ("DefaultActions.member.1.Type".into(), "forward".into()),
+            ("DefaultActions.member.1.TargetGroupArn".into(), tg),
+        ];
+        tag_params(&mut p);
+        call("CreateListener", p).await;
+    }
+    let before = elb_state(&env).await;
+    assert_eq!((before.0.len(), before.1.len(), before.2.len()), (1, 2, 2));
+
+    // ccm-host takes over (same cluster ID): the Service gets the existing NLB's hostname.
+    env.proxy.clear_counts();
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let lb = env
+        .api
+        .describe_load_balancer(&lb_name)
+        .await
+        .unwrap()
+        .unwrap();
+    let hostname = eventually_async(
+        "the adopted NLB's hostname on the Service",
+        WAIT,
+        || async { ingress_hostname(&stored_service(&env, "handed").await) },
+    )
+    .await;
+    assert_eq!(hostname, lb.dns_name);
+    // Targets are then maintained: a new node joins every group.
+    ready_nodes(&env, &instances[2..3]);
+    let all_ids: BTreeSet<String> = instances.iter().map(|i| i.id.clone()).collect();
+    for (arn, _) in &before.1 {
+        wait_targets(
+            &env,
+            arn,
+            &all_ids,
+            "the new node registered in the adopted group",
+        )
+        .await;
+    }
+    let after = elb_state(&env).await;
+    assert_eq!(before, after, "nothing created or deleted");
+    let counts = env.proxy.counts();
+    let changed: Vec<&String> = counts
+        .keys()
+        .filter(|k| k.starts_with("Create") || k.starts_with("Delete"))
+        .collect();
+    assert!(changed.is_empty(), "creations/deletions: {counts:?}");
+    println!("adoption calls: {counts:?}");
 }

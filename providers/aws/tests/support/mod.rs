@@ -420,8 +420,14 @@ async fn serve(
     up.read_to_end(&mut resp).await?;
     // Error answers are counted as `!<Code>` (e.g. `!InvalidTarget`).
     let text = String::from_utf8_lossy(&resp);
-    if let Some(code) = text
-        .split_once("<Code>")
+    let failed = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .is_some_and(|s| s >= 400);
+    if let Some(code) = failed
+        .then_some(&text)
+        .and_then(|text| text.split_once("<Code>"))
         .and_then(|(_, rest)| rest.split_once("</Code>"))
         .map(|(c, _)| c.to_string())
     {
@@ -985,16 +991,12 @@ impl AwsEnv {
             "aws plugin refused: {:?}",
             registry.refused()
         );
+        // The factory gets the default deadline (a loaded machine can take over a second to
+        // start the plugin's runtime); the calls get the test's.
         let provider = registry
-            .create(
-                "aws",
-                Some(config.as_bytes()),
-                &ProviderOptions {
-                    call_timeout: opts.call_timeout,
-                    ..Default::default()
-                },
-            )
-            .expect("aws provider builds");
+            .create("aws", Some(config.as_bytes()), &ProviderOptions::default())
+            .expect("aws provider builds")
+            .with_call_timeout(opts.call_timeout);
         provider
             .initialize(HostServices::new(
                 CLUSTER,
