@@ -11,7 +11,7 @@
 //!
 //! The table of supported keys is in `docs/aws-provider.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
@@ -165,6 +165,47 @@ pub struct Desired {
     pub ip_address_type: Option<String>,
     /// Only nodes with all these labels are targets.
     pub target_node_labels: BTreeMap<String, String>,
+    /// The clients allowed to the NodePorts (`spec.loadBalancerSourceRanges`, else the
+    /// `load-balancer-source-ranges` annotation, else `0.0.0.0/0`).
+    pub source_ranges: Vec<String>,
+}
+
+/// `service.beta.kubernetes.io/load-balancer-source-ranges` (core, not `aws-`).
+pub const SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+
+/// Upstream `GetLoadBalancerSourceRanges`: the spec's ranges, else the annotation's (comma
+/// list), else `0.0.0.0/0`; an unparsable range is an error. Returned normalised, sorted.
+pub fn source_ranges(service: &Service, svc: &str) -> Result<Vec<String>> {
+    let spec_ranges = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_source_ranges.clone())
+        .unwrap_or_default();
+    let (list, from) = if !spec_ranges.is_empty() {
+        (spec_ranges, "spec.loadBalancerSourceRanges")
+    } else {
+        let a = service
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SOURCE_RANGES))
+            .map(|v| split_list(v))
+            .unwrap_or_default();
+        (a, SOURCE_RANGES)
+    };
+    if list.is_empty() {
+        return Ok(vec!["0.0.0.0/0".into()]);
+    }
+    let mut out = BTreeSet::new();
+    for r in &list {
+        let net: ipnet::IpNet = r.trim().parse().map_err(|_| {
+            ProviderError::other(format!(
+                "service {svc}: {from}: {r:?} is not a CIDR (e.g. 10.0.0.0/8)"
+            ))
+        })?;
+        out.insert(net.trunc().to_string());
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// What the AWS CCM would do with the Service's type annotation.
@@ -336,16 +377,7 @@ impl Desired {
                 ));
             }
         }
-        if annotations.contains_key("service.beta.kubernetes.io/load-balancer-source-ranges")
-            || spec
-                .load_balancer_source_ranges
-                .as_ref()
-                .is_some_and(|r| !r.is_empty())
-        {
-            return Err(ProviderError::other(format!(
-                "service {svc}: loadBalancerSourceRanges is not supported by this provider (it manages no security groups; restrict the nodes' security groups instead)"
-            )));
-        }
+        let source_ranges = source_ranges(service, svc)?;
         if spec
             .session_affinity
             .as_deref()
@@ -632,6 +664,7 @@ impl Desired {
             private_ips,
             ip_address_type,
             target_node_labels,
+            source_ranges,
         })
     }
 
@@ -977,12 +1010,25 @@ mod tests {
         let e = Desired::from_service(
             &svc(
                 json!({}),
-                json!({"loadBalancerSourceRanges": ["10.0.0.0/8"]}),
+                json!({"loadBalancerSourceRanges": ["10.0.0.0/8", "nope"]}),
             ),
             &HealthProbeMode::ServiceNodePort,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("loadBalancerSourceRanges"));
+        assert!(
+            e.to_string().contains("loadBalancerSourceRanges: \"nope\""),
+            "{e}"
+        );
+        let d = Desired::from_service(
+            &svc(
+                json!({SOURCE_RANGES: "192.168.5.7/24, 10.1.0.0/16"}),
+                json!({}),
+            ),
+            &HealthProbeMode::ServiceNodePort,
+        )
+        .unwrap();
+        assert_eq!(d.source_ranges, vec!["10.1.0.0/16", "192.168.5.0/24"]);
+        assert_eq!(desired(json!({})).unwrap().source_ranges, vec!["0.0.0.0/0"]);
         let e = Desired::from_service(
             &svc(json!({}), json!({"ports": [{"port": 53, "protocol": "UDP", "nodePort": 30053}, {"port": 53, "protocol": "TCP", "nodePort": 30054}]})),
             &HealthProbeMode::ServiceNodePort,

@@ -28,6 +28,7 @@ pub mod loadbalancer;
 pub mod region;
 pub mod routes;
 pub mod runtime;
+pub mod securitygroups;
 pub mod tags;
 
 pub use cloud::AwsCloud;

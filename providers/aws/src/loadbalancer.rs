@@ -7,9 +7,12 @@
 //!   for no cluster, internet-facing ones only in public subnets, preferring the
 //!   `kubernetes.io/role/elb` / `…/internal-elb` tag);
 //! - one target group per Service port, instance targets on the port's NodePort, named
-//!   `k8s-<ns>-<name>-<hash>` from what cannot change in place (ports, protocol, health check
-//!   protocol and interval), with the health check of [`crate::annotations`];
+//!   `k8s-<ns>-<name>-<hash>` exactly as the AWS CCM names them (SHA-1 of what cannot change in
+//!   place: ports, protocol, health check protocol and interval), with the health check of
+//!   [`crate::annotations`];
 //! - one listener per Service port forwarding to its target group;
+//! - the NodePorts opened in the nodes' security groups for the source ranges and the health
+//!   checks, as the AWS CCM does ([`crate::securitygroups`]);
 //! - every resource it creates carries `kubernetes.io/cluster/<c>=owned` and
 //!   `kubernetes.io/service-name=ns/name` (plus `aws-load-balancer-additional-resource-tags`),
 //!   and it changes or deletes only resources carrying both: a load balancer of the same name
@@ -34,6 +37,7 @@ use crate::api::elbv2::{
 use crate::cloud::AwsContext;
 use crate::instances::{key_of, Key};
 use crate::runtime::AwsRuntime;
+use crate::securitygroups::{sync_nlb_rules, NlbRules};
 use crate::tags;
 
 /// The reason of the Warning event that lists the annotations a Service carries to no effect.
@@ -293,6 +297,63 @@ impl Nlbs {
                 }
             })
             .collect())
+    }
+
+    /// The nodes' security-group rules of `lb` for `d` ([`crate::securitygroups`]).
+    async fn sync_rules(
+        &self,
+        cluster_id: &str,
+        lb: &Nlb,
+        d: &Desired,
+        ids: &[String],
+    ) -> Result<()> {
+        if self.cx.config.disable_sg_ingress {
+            return Ok(());
+        }
+        let clients: Vec<(String, u16)> = d
+            .mappings
+            .iter()
+            .map(|m| {
+                let p = if m.target_protocol == "UDP" {
+                    "udp"
+                } else {
+                    "tcp"
+                };
+                (p.to_string(), m.node_port)
+            })
+            .collect();
+        let health_ports: Vec<u16> = match d.health_check.port.parse::<u16>() {
+            Ok(p) => vec![p],
+            Err(_) => d
+                .mappings
+                .iter()
+                .map(|m| m.node_port)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        };
+        let mut rules = NlbRules {
+            clients,
+            client_cidrs: d.source_ranges.clone(),
+            health_ports,
+            health_cidrs: Vec::new(),
+        };
+        if rules.needs_health() {
+            let subnets: Vec<String> = lb.zones.iter().map(|(_, s)| s.clone()).collect();
+            if !subnets.is_empty() {
+                rules.health_cidrs = self
+                    .cx
+                    .api
+                    .describe_subnets(&[("subnet-id", &subnets[..])])
+                    .await?
+                    .into_iter()
+                    .map(|s| s.cidr)
+                    .filter(|c| !c.is_empty())
+                    .collect();
+            }
+        }
+        let vpc = (!lb.vpc_id.is_empty()).then_some(lb.vpc_id.as_str());
+        sync_nlb_rules(&self.cx, cluster_id, &lb.name, vpc, ids, Some(&rules)).await
     }
 
     /// The instance IDs behind `nodes` (provider IDs, else a lookup by name).
@@ -776,6 +837,9 @@ impl Nlbs {
             }
         }
 
+        // The NodePorts in the nodes' security groups, for the clients and the health checks.
+        self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
+
         // Attributes: a new NLB has AWS's defaults (cross-zone off, no access logs).
         let defaults = d.lb_attributes.iter().all(|(k, v)| {
             (k == "load_balancing.cross_zone.enabled" || k == "access_logs.s3.enabled")
@@ -834,6 +898,11 @@ impl Nlbs {
         for tg in groups {
             self.sync_targets(&tg.arn, tg.port, &ids, None).await?;
         }
+        // The security-group rules follow the instances too, when the Service's settings can
+        // be read (else the next successful ensure does it).
+        if let Ok(d) = Desired::from_service(service, &self.cx.config.health_probe_mode) {
+            self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
+        }
         Ok(())
     }
 
@@ -868,6 +937,14 @@ impl Nlbs {
             log::info!("aws: deleting network load balancer {name} of service {key}");
             self.cx.api.delete_load_balancer(&lb.arn).await?;
         }
+        // The NLB's rules in the nodes' security groups (recognised by their descriptions).
+        let vpc = lb
+            .as_ref()
+            .map(|l| l.vpc_id.clone())
+            .filter(|v| !v.is_empty())
+            .or_else(|| self.cx.config.vpc.clone())
+            .or_else(|| self.vpc.lock().expect("vpc").clone());
+        sync_nlb_rules(&self.cx, &cluster_id, &name, vpc.as_deref(), &[], None).await?;
         let arns: Vec<String> = groups.iter().map(|g| g.arn.clone()).collect();
         let owned = self.cx.api.describe_tags(&arns).await?;
         let empty = BTreeMap::new();

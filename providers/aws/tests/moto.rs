@@ -2,7 +2,8 @@
 //! node initialisation from EC2 instances, the lifecycle (stopped → shutdown taint, terminated →
 //! Node deleted), NLBs for LoadBalancer Services (target groups and listeners per port,
 //! targets following the nodes, deletion without leaks, foreign load balancers left alone,
-//! invalid annotations), routes, wrong and rotated credentials, throttling.
+//! unknown and invalid annotations, adoption of what the AWS CCM made, the nodes'
+//! security-group rules), routes, wrong and rotated credentials, throttling, deadlines.
 //!
 //! moto is started by `support` (installed by `.ci/run`); a missing moto fails these tests.
 
@@ -1363,4 +1364,156 @@ async fn an_nlb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anythin
         .collect();
     assert!(changed.is_empty(), "creations/deletions: {counts:?}");
     println!("adoption calls: {counts:?}");
+}
+
+// ---- Security groups --------------------------------------------------------------------------
+
+/// The CIDR rules of security group `sg` as `(protocol, from, to, cidr, description)`.
+async fn sg_rules(env: &AwsEnv, sg: &str) -> BTreeSet<(String, i32, i32, String, String)> {
+    let ids = [sg.to_string()];
+    env.api
+        .describe_security_groups(&[("group-id", &ids[..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|g| g.ingress)
+        .map(|r| (r.protocol, r.from, r.to, r.cidr, r.description))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_ranges_end_as_exactly_those_cidrs_on_the_nodes_security_group() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let described = describe(&env.api, &[instances[0].id.clone()]).await;
+    let sg = described[0].security_groups[0].clone();
+    // A rule of someone else's: never touched.
+    ec2(
+        &env.api,
+        "AuthorizeSecurityGroupIngress",
+        &[
+            ("GroupId", &sg),
+            ("IpPermissions.1.IpProtocol", "tcp"),
+            ("IpPermissions.1.FromPort", "22"),
+            ("IpPermissions.1.ToPort", "22"),
+            ("IpPermissions.1.IpRanges.1.CidrIp", "203.0.113.0/24"),
+        ],
+    )
+    .await;
+    let manual = (
+        "tcp".to_string(),
+        22,
+        22,
+        "203.0.113.0/24".to_string(),
+        String::new(),
+    );
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let mut svc = lb_service(
+        "guarded",
+        json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}),
+        json!({"loadBalancerSourceRanges": ["10.1.0.0/16", "192.168.5.0/24"]}),
+    );
+    svc.spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    eventually_async("the Service's ingress hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "guarded").await)
+    })
+    .await;
+    let lb = lb_name_of(&stored_service(&env, "guarded").await);
+    let client = format!("kubernetes.io/rule/nlb/client={lb}");
+    let health = format!("kubernetes.io/rule/nlb/health={lb}");
+    let of = |rules: &BTreeSet<(String, i32, i32, String, String)>, d: &str| -> BTreeSet<String> {
+        rules
+            .iter()
+            .filter(|r| r.4 == d)
+            .map(|r| format!("{}:{}-{}:{}", r.0, r.1, r.2, r.3))
+            .collect()
+    };
+    let rules = sg_rules(&env, &sg).await;
+    assert_eq!(
+        of(&rules, &client),
+        BTreeSet::from([
+            "tcp:30080-30080:10.1.0.0/16".to_string(),
+            "tcp:30080-30080:192.168.5.0/24".to_string()
+        ]),
+        "{rules:?}"
+    );
+    // Health checks from the NLB's subnets; MTU discovery from the clients.
+    let subnets: BTreeSet<String> = env
+        .api
+        .describe_subnets(&[("vpc-id", &[env.cloud.vpc.clone()][..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| format!("tcp:30080-30080:{}", s.cidr))
+        .collect();
+    assert_eq!(of(&rules, &health), subnets, "{rules:?}");
+    assert_eq!(
+        of(&rules, "kubernetes.io/rule/nlb/mtu"),
+        BTreeSet::from([
+            "icmp:3-4:10.1.0.0/16".to_string(),
+            "icmp:3-4:192.168.5.0/24".to_string()
+        ])
+    );
+    assert!(rules.contains(&manual));
+
+    // New ranges: exactly those afterwards.
+    services
+        .patch(
+            "guarded",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"loadBalancerSourceRanges": ["172.16.0.0/12"]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // (The MTU rule is reconciled right after the client rules, in the same pass.)
+    eventually_async(
+        "only the new range allowed, MTU discovery too",
+        WAIT,
+        || async {
+            let rules = sg_rules(&env, &sg).await;
+            (of(&rules, &client) == BTreeSet::from(["tcp:30080-30080:172.16.0.0/12".to_string()])
+                && of(&rules, "kubernetes.io/rule/nlb/mtu")
+                    == BTreeSet::from(["icmp:3-4:172.16.0.0/12".to_string()]))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Deletion removes every rule the provider made, and nothing else.
+    services
+        .delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the Service gone", WAIT, || async {
+        services
+            .get_opt("guarded")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let rules = sg_rules(&env, &sg).await;
+    assert!(
+        rules
+            .iter()
+            .all(|r| !r.4.starts_with("kubernetes.io/rule/nlb/")),
+        "{rules:?}"
+    );
+    assert!(rules.contains(&manual), "{rules:?}");
 }
