@@ -26,6 +26,9 @@ const NODE_LIST_INTERVAL: Duration = Duration::from_secs(60);
 /// RegisterTargets without asking EC2 again).
 const STATE_TTL: Duration = Duration::from_secs(60);
 
+/// An instance's state and security groups as EC2 reported them, and when.
+type SeenInstance = (String, Vec<String>, Instant);
+
 /// What every part of one provider instance shares (the tasks on the runtime hold it; the
 /// runtime itself is held next to it, by the parts, so that a task never drops it).
 pub struct AwsContext {
@@ -43,17 +46,21 @@ pub struct AwsContext {
     host: Mutex<Option<Arc<Host>>>,
     nodes_listed: Mutex<Option<Instant>>,
     health: Mutex<Option<(Instant, Result<()>)>>,
-    states: Mutex<HashMap<String, (String, Instant)>>,
+    states: Mutex<HashMap<String, SeenInstance>>,
     warned: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl AwsContext {
-    /// Record the state EC2 reported for `instance_id`.
-    pub fn remember_state(&self, instance_id: &str, state: &str) {
-        self.states
-            .lock()
-            .expect("states")
-            .insert(instance_id.to_string(), (state.to_string(), Instant::now()));
+    /// Record the state and security groups EC2 reported for `instance`.
+    pub fn remember_state(&self, instance: &crate::api::ec2::Instance) {
+        self.states.lock().expect("states").insert(
+            instance.id.clone(),
+            (
+                instance.state.clone(),
+                instance.security_groups.clone(),
+                Instant::now(),
+            ),
+        );
     }
 
     /// The state EC2 reported for `instance_id` within the last minute.
@@ -62,8 +69,18 @@ impl AwsContext {
             .lock()
             .expect("states")
             .get(instance_id)
-            .filter(|(_, at)| at.elapsed() < STATE_TTL)
-            .map(|(s, _)| s.clone())
+            .filter(|(_, _, at)| at.elapsed() < STATE_TTL)
+            .map(|(s, _, _)| s.clone())
+    }
+
+    /// The security groups EC2 reported for `instance_id` within the last minute.
+    pub fn known_groups(&self, instance_id: &str) -> Option<Vec<String>> {
+        self.states
+            .lock()
+            .expect("states")
+            .get(instance_id)
+            .filter(|(_, _, at)| at.elapsed() < STATE_TTL)
+            .map(|(_, g, _)| g.clone())
     }
 
     /// A Warning event on `service` with `reason` and the `lines`, once for each distinct set

@@ -136,23 +136,27 @@ pub async fn sync_nlb_rules(
     // The group each target instance is reached through.
     let mut used: BTreeSet<String> = BTreeSet::new();
     if rules.is_some() && !instances.is_empty() {
-        let keys: Vec<Key> = instances.iter().cloned().map(Key::Id).collect();
-        let found = cx.lookup(&keys).await?;
+        // Groups read within the last minute (by any lookup of the provider), else asked now.
+        let unknown: Vec<Key> = instances
+            .iter()
+            .filter(|id| cx.known_groups(id).is_none())
+            .cloned()
+            .map(Key::Id)
+            .collect();
+        if !unknown.is_empty() {
+            cx.lookup(&unknown).await?;
+        }
         for id in instances {
-            let Some(i) = found.get(&Key::Id(id.clone())) else {
+            let Some(attached) = cx.known_groups(id) else {
                 continue;
             };
-            let mine: Vec<&String> = i
-                .security_groups
-                .iter()
-                .filter(|g| tagged.contains(*g))
-                .collect();
-            match (mine.len(), i.security_groups.len()) {
+            let mine: Vec<&String> = attached.iter().filter(|g| tagged.contains(*g)).collect();
+            match (mine.len(), attached.len()) {
                 (1, _) => {
                     used.insert(mine[0].clone());
                 }
                 (0, 1) => {
-                    used.insert(i.security_groups[0].clone());
+                    used.insert(attached[0].clone());
                 }
                 (0, 0) => log::warn!("aws: instance {id} has no security group"),
                 (0, _) => log::warn!(

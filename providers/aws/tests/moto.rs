@@ -1234,15 +1234,22 @@ async fn an_nlb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anythin
     ready_nodes(&env, &instances[..2]);
     // The Service the AWS CCM served: it exists before ccm-host starts.
     let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    // One TCP port: the AWS CCM refuses mixed protocols.
+    let mut handed = lb_service(
+        "handed",
+        json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}),
+        json!({}),
+    );
+    handed
+        .spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
     let svc = services
-        .create(
-            &PostParams::default(),
-            &lb_service(
-                "handed",
-                json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}),
-                json!({}),
-            ),
-        )
+        .create(&PostParams::default(), &handed)
         .await
         .unwrap();
     let uid = svc.metadata.uid.clone().unwrap().replace('-', "");
@@ -1284,7 +1291,7 @@ async fn an_nlb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anythin
     }
     tag_params(&mut p);
     let lb_arn = first(&call("CreateLoadBalancer", p).await, "LoadBalancerArn");
-    for (port, protocol, node_port) in [(80u16, "TCP", 30080u16), (53, "UDP", 30053)] {
+    for (port, protocol, node_port) in [(80u16, "TCP", 30080u16)] {
         let name = aws_ccm_target_group_name(
             CLUSTER, "default", "handed", port, node_port, protocol, "TCP", 30,
         );
@@ -1321,8 +1328,38 @@ async fn an_nlb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anythin
         tag_params(&mut p);
         call("CreateListener", p).await;
     }
+    // updateInstanceSecurityGroupsForNLB: the client rule on the nodes' group (no health rule:
+    // the clients, 0.0.0.0/0 over TCP on the traffic port, cover the health checks), and the
+    // MTU discovery rule.
+    let sg = describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    for (proto, from, to, desc) in [
+        (
+            "tcp",
+            "30080",
+            "30080",
+            format!("kubernetes.io/rule/nlb/client={lb_name}"),
+        ),
+        ("icmp", "3", "4", "kubernetes.io/rule/nlb/mtu".to_string()),
+    ]
+    .iter()
+    {
+        ec2(
+            &env.api,
+            "AuthorizeSecurityGroupIngress",
+            &[
+                ("GroupId", &sg),
+                ("IpPermissions.1.IpProtocol", proto),
+                ("IpPermissions.1.FromPort", from),
+                ("IpPermissions.1.ToPort", to),
+                ("IpPermissions.1.IpRanges.1.CidrIp", "0.0.0.0/0"),
+                ("IpPermissions.1.IpRanges.1.Description", desc),
+            ],
+        )
+        .await;
+    }
+    let rules_before = sg_rules(&env, &sg).await;
     let before = elb_state(&env).await;
-    assert_eq!((before.0.len(), before.1.len(), before.2.len()), (1, 2, 2));
+    assert_eq!((before.0.len(), before.1.len(), before.2.len()), (1, 1, 1));
 
     // ccm-host takes over (same cluster ID): the Service gets the existing NLB's hostname.
     env.proxy.clear_counts();
@@ -1360,9 +1397,18 @@ async fn an_nlb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anythin
     let counts = env.proxy.counts();
     let changed: Vec<&String> = counts
         .keys()
-        .filter(|k| k.starts_with("Create") || k.starts_with("Delete"))
+        .filter(|k| {
+            ["Create", "Delete", "Modify", "Authorize", "Revoke"]
+                .iter()
+                .any(|p| k.starts_with(p))
+        })
         .collect();
-    assert!(changed.is_empty(), "creations/deletions: {counts:?}");
+    assert!(changed.is_empty(), "changes: {counts:?}");
+    assert_eq!(
+        sg_rules(&env, &sg).await,
+        rules_before,
+        "the AWS CCM's rules adopted as they are"
+    );
     println!("adoption calls: {counts:?}");
 }
 
