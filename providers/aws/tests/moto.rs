@@ -329,6 +329,16 @@ async fn a_load_balancer_service_becomes_an_nlb_that_follows_the_nodes_and_leave
         assert_eq!(g.protocol, l.protocol);
         assert_eq!(g.hc_protocol, "TCP");
         assert_eq!(g.hc_port, "traffic-port");
+        // The AWS CCM's defaultNlbHealthCheckInterval / Timeout / Threshold.
+        assert_eq!(
+            (
+                g.hc_interval,
+                g.hc_timeout,
+                g.healthy_threshold,
+                g.unhealthy_threshold
+            ),
+            (Some(30), Some(10), Some(3), Some(3))
+        );
         let targets = env.api.targets_of(&g.arn).await.unwrap();
         assert_eq!(
             targets
