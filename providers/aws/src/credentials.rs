@@ -264,6 +264,13 @@ fn credentials_error(e: CredentialsError) -> ProviderError {
         msg.push_str(&s.to_string());
         src = s.source();
     }
+    // The SDK's chain lists each provider on its own line: one line here.
+    let msg = msg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
     match e {
         CredentialsError::ProviderTimedOut(_) | CredentialsError::ProviderError(_) => {
             ProviderError::other(format!("aws credentials: {msg}"))

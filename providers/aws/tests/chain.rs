@@ -280,6 +280,37 @@ async fn credentials_come_from_the_instance_role_and_from_web_identity() {
     );
     drop(imds);
 
+    // No credentials anywhere (IMDS at a closed port): one line naming what was checked; no
+    // panic.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let o = run(
+        config_without_region(REGION, &moto.url(), &format!("Region = {REGION}")),
+        vec![(
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+            format!("http://{closed}"),
+        )],
+    )
+    .await
+    .unwrap();
+    let Outcome::Unhealthy(kind, msg) = &o else {
+        panic!("no credentials must fail the calls: {o:?}");
+    };
+    assert!(
+        kind.contains("unauthorized") || kind.contains("UNAUTHORIZED"),
+        "{o:?}"
+    );
+    assert!(
+        !msg.contains("\\n") && !msg.to_lowercase().contains("panic"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("environment") && msg.contains("IMDSv2"),
+        "names what was checked: {msg}"
+    );
+
     // Web identity (IRSA): AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN, STS at moto through
     // the counting proxy. IMDS is off so nothing else can answer. moto 5.2.5 with IAM
     // enforcement fails unsigned calls (AssumeRoleWithWebIdentity is one) with HTTP 500, so
