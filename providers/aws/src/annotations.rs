@@ -1,11 +1,17 @@
 //! What a LoadBalancer Service asks for: its ports, health checks and the NLB subset of the
 //! AWS CCM's `service.beta.kubernetes.io/aws-load-balancer-*` annotations, validated before
-//! any AWS call. An unsupported or invalid annotation is one error naming the key (the host
-//! publishes it as a Warning event and retries with its back-off; no AWS call is made).
+//! any change to the load balancer's configuration.
+//!
+//! As in the AWS CCM, a key this provider does not read (a typo, an AWS Load Balancer
+//! Controller key such as `aws-load-balancer-nlb-target-type`, a classic-ELB key) is ignored:
+//! [`notices`] lists them for one Warning event per Service. An invalid value of a key it reads
+//! is one error naming the key; it stops the configuration change (the host publishes it as a
+//! Warning event and retries), never the target updates: [`target_node_labels`] is read
+//! leniently, so the targets follow the nodes whatever else the Service says.
 //!
 //! The table of supported keys is in `docs/aws-provider.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
@@ -76,15 +82,27 @@ pub const ACCESS_LOG_PREFIX: &str =
 /// `aws-load-balancer-ip-address-type` (`ipv4` / `dualstack`).
 pub const IP_ADDRESS_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
 
-/// Keys of the AWS CCM that this provider does not implement, and what to use instead.
-const UNSUPPORTED: &[(&str, &str)] = &[
+/// Keys of the AWS CCM that have no effect on an NLB (ignored with a warning, as the AWS CCM
+/// ignores them on an NLB), and what to use instead.
+const NO_EFFECT: &[(&str, &str)] = &[
     ("proxy-protocol", "classic ELB only; for an NLB use aws-load-balancer-target-group-attributes: proxy_protocol_v2.enabled=true"),
     ("connection-draining-enabled", "classic ELB only"),
     ("connection-draining-timeout", "classic ELB only"),
     ("connection-idle-timeout", "classic ELB only"),
     ("access-log-emit-interval", "classic ELB only"),
-    ("security-groups", "this provider manages no security groups"),
-    ("extra-security-groups", "this provider manages no security groups"),
+];
+
+/// Keys whose meaning this provider cannot honour: an error (silently dropping a firewall rule
+/// would open what the Service restricts).
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "security-groups",
+        "this provider manages no security groups",
+    ),
+    (
+        "extra-security-groups",
+        "this provider manages no security groups",
+    ),
 ];
 
 /// Target group attributes the annotation may set.
@@ -147,6 +165,47 @@ pub struct Desired {
     pub ip_address_type: Option<String>,
     /// Only nodes with all these labels are targets.
     pub target_node_labels: BTreeMap<String, String>,
+    /// The clients allowed to the NodePorts (`spec.loadBalancerSourceRanges`, else the
+    /// `load-balancer-source-ranges` annotation, else `0.0.0.0/0`).
+    pub source_ranges: Vec<String>,
+}
+
+/// `service.beta.kubernetes.io/load-balancer-source-ranges` (core, not `aws-`).
+pub const SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+
+/// Upstream `GetLoadBalancerSourceRanges`: the spec's ranges, else the annotation's (comma
+/// list), else `0.0.0.0/0`; an unparsable range is an error. Returned normalised, sorted.
+pub fn source_ranges(service: &Service, svc: &str) -> Result<Vec<String>> {
+    let spec_ranges = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_source_ranges.clone())
+        .unwrap_or_default();
+    let (list, from) = if !spec_ranges.is_empty() {
+        (spec_ranges, "spec.loadBalancerSourceRanges")
+    } else {
+        let a = service
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SOURCE_RANGES))
+            .map(|v| split_list(v))
+            .unwrap_or_default();
+        (a, SOURCE_RANGES)
+    };
+    if list.is_empty() {
+        return Ok(vec!["0.0.0.0/0".into()]);
+    }
+    let mut out = BTreeSet::new();
+    for r in &list {
+        let net: ipnet::IpNet = r.trim().parse().map_err(|_| {
+            ProviderError::other(format!(
+                "service {svc}: {from}: {r:?} is not a CIDR (e.g. 10.0.0.0/8)"
+            ))
+        })?;
+        out.insert(net.trunc().to_string());
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// What the AWS CCM would do with the Service's type annotation.
@@ -164,19 +223,67 @@ fn invalid(service: &str, key: &str, value: &str, why: impl std::fmt::Display) -
     ))
 }
 
-/// `service`'s type annotation.
+/// `service`'s type annotation: `external` / `nlb-ip` are the AWS Load Balancer Controller's;
+/// `nlb`, nothing, or any other value: an NLB here (another value is reported by [`notices`]).
 pub fn handling(service: &Service) -> Result<Handling> {
     let annotations = service.metadata.annotations.clone().unwrap_or_default();
     match annotations.get(TYPE).map(|v| v.trim()) {
-        None | Some("") | Some("nlb") => Ok(Handling::Nlb),
         Some("external") | Some("nlb-ip") => Ok(Handling::Elsewhere),
-        Some(other) => Err(invalid(
-            &service_key(service),
-            TYPE,
-            other,
-            "this provider makes network load balancers only: use nlb (or leave it out); external and nlb-ip are left to the AWS Load Balancer Controller",
-        )),
+        _ => Ok(Handling::Nlb),
     }
+}
+
+/// What this provider ignores on `service` (one line each, for a Warning event): unknown
+/// `aws-load-balancer-*` keys, keys without effect on an NLB, a type it does not make.
+pub fn notices(service: &Service) -> Vec<String> {
+    let annotations = service.metadata.annotations.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    for (k, v) in &annotations {
+        let Some(suffix) = k.strip_prefix(PREFIX) else {
+            continue;
+        };
+        if let Some((_, why)) = NO_EFFECT.iter().find(|(s, _)| *s == suffix) {
+            out.push(format!("annotation {k} is ignored: {why}"));
+        } else if k == TYPE {
+            let t = v.trim();
+            if !matches!(t, "" | "nlb" | "external" | "nlb-ip") {
+                out.push(format!(
+                    "annotation {k}={t:?} is not a type this provider knows; the Service gets a network load balancer"
+                ));
+            }
+        } else if !KNOWN.contains(&k.as_str()) && !REFUSED.iter().any(|(s, _)| *s == suffix) {
+            out.push(format!(
+                "annotation {k} is not read by this provider and is ignored (docs/aws-provider.md lists the supported ones)"
+            ));
+        }
+    }
+    out
+}
+
+/// `aws-load-balancer-target-node-labels`, read leniently (parts without a key are skipped):
+/// the targets follow the nodes even when other annotations are invalid.
+pub fn target_node_labels(service: &Service) -> BTreeMap<String, String> {
+    let annotations = service.metadata.annotations.clone().unwrap_or_default();
+    let mut out = BTreeMap::new();
+    if let Some(v) = annotations.get(TARGET_NODE_LABELS) {
+        for part in split_list(v) {
+            let (k, val) = part.split_once('=').unwrap_or((part.as_str(), ""));
+            if !k.trim().is_empty() {
+                out.insert(k.trim().to_string(), val.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Whether `node` carries every label of `labels` (an empty value: the key is enough, as the
+/// AWS CCM reads `k` and `k=`).
+pub fn node_matches(labels: &BTreeMap<String, String>, node: &Node) -> bool {
+    let have = node.metadata.labels.clone().unwrap_or_default();
+    labels.iter().all(|(k, v)| match have.get(k) {
+        Some(h) => v.is_empty() || h == v,
+        None => false,
+    })
 }
 
 /// `namespace/name`.
@@ -261,7 +368,7 @@ impl Desired {
             let Some(suffix) = k.strip_prefix(PREFIX) else {
                 continue;
             };
-            if let Some((_, why)) = UNSUPPORTED.iter().find(|(s, _)| *s == suffix) {
+            if let Some((_, why)) = REFUSED.iter().find(|(s, _)| *s == suffix) {
                 return Err(invalid(
                     svc,
                     k,
@@ -269,25 +376,8 @@ impl Desired {
                     format!("not supported by this provider ({why})"),
                 ));
             }
-            if !KNOWN.contains(&k.as_str()) {
-                return Err(invalid(
-                    svc,
-                    k,
-                    v,
-                    "unknown annotation (docs/aws-provider.md lists the supported ones)",
-                ));
-            }
         }
-        if annotations.contains_key("service.beta.kubernetes.io/load-balancer-source-ranges")
-            || spec
-                .load_balancer_source_ranges
-                .as_ref()
-                .is_some_and(|r| !r.is_empty())
-        {
-            return Err(ProviderError::other(format!(
-                "service {svc}: loadBalancerSourceRanges is not supported by this provider (it manages no security groups; restrict the nodes' security groups instead)"
-            )));
-        }
+        let source_ranges = source_ranges(service, svc)?;
         if spec
             .session_affinity
             .as_deref()
@@ -554,10 +644,7 @@ impl Desired {
                 ))
             }
         };
-        let target_node_labels = match get(TARGET_NODE_LABELS) {
-            Some(v) => key_values(svc, TARGET_NODE_LABELS, v)?,
-            None => BTreeMap::new(),
-        };
+        let target_node_labels = target_node_labels(service);
         Ok(Self {
             service: key.clone(),
             namespace: service
@@ -577,15 +664,13 @@ impl Desired {
             private_ips,
             ip_address_type,
             target_node_labels,
+            source_ranges,
         })
     }
 
     /// Whether `node` is a target (it has every `target-node-labels` label).
     pub fn targets_node(&self, node: &Node) -> bool {
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        self.target_node_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
+        node_matches(&self.target_node_labels, node)
     }
 }
 
@@ -618,10 +703,18 @@ const KNOWN: &[&str] = &[
     IP_ADDRESS_TYPE,
 ];
 
-/// The AWS CCM's NLB health check: TCP on the traffic port (interval 10 s, timeout 10 s,
-/// thresholds 3), HTTP on the health check node port for `externalTrafficPolicy: Local`
-/// (path `/healthz`, thresholds 2), kube-proxy's endpoint in the `Shared` probe mode, then the
-/// annotations.
+/// The AWS CCM's `defaultNlbHealthCheckInterval` (`pkg/providers/v1/aws_loadbalancer.go`).
+pub const NLB_HC_INTERVAL: u32 = 30;
+/// `defaultNlbHealthCheckTimeout` (the AWS CCM never sends it; sent here, equal to AWS's
+/// default for a TCP check of an NLB).
+pub const NLB_HC_TIMEOUT: u32 = 10;
+/// `defaultNlbHealthCheckThreshold` (healthy and unhealthy).
+pub const NLB_HC_THRESHOLD: u32 = 3;
+
+/// The AWS CCM's NLB health check (`buildNLBHealthCheckConfiguration`): TCP on the traffic
+/// port (interval 30 s, timeout 10 s, thresholds 3/3), HTTP `/healthz` on the health check node
+/// port for `externalTrafficPolicy: Local` (interval 10 s, timeout 10 s, thresholds 2/2),
+/// kube-proxy's endpoint in the `Shared` probe mode, then the annotations.
 fn health_check(
     service: &Service,
     svc: &str,
@@ -654,19 +747,19 @@ fn health_check(
                 protocol: "TCP".into(),
                 port: "traffic-port".into(),
                 path: None,
-                interval: 10,
-                timeout: 10,
-                healthy_threshold: 3,
-                unhealthy_threshold: 3,
+                interval: NLB_HC_INTERVAL,
+                timeout: NLB_HC_TIMEOUT,
+                healthy_threshold: NLB_HC_THRESHOLD,
+                unhealthy_threshold: NLB_HC_THRESHOLD,
             },
             HealthProbeMode::Shared { port, path } => HealthCheck {
                 protocol: "HTTP".into(),
                 port: port.to_string(),
                 path: Some(path.clone()),
-                interval: 10,
-                timeout: 10,
-                healthy_threshold: 3,
-                unhealthy_threshold: 3,
+                interval: NLB_HC_INTERVAL,
+                timeout: NLB_HC_TIMEOUT,
+                healthy_threshold: NLB_HC_THRESHOLD,
+                unhealthy_threshold: NLB_HC_THRESHOLD,
             },
         }
     };
@@ -758,6 +851,18 @@ mod tests {
         assert_eq!(d.mappings[0].node_port, 30080);
         assert_eq!(d.health_check.protocol, "TCP");
         assert_eq!(d.health_check.port, "traffic-port");
+        // defaultNlbHealthCheckInterval / Timeout / Threshold.
+        let hc = &d.health_check;
+        assert_eq!(
+            (
+                hc.interval,
+                hc.timeout,
+                hc.healthy_threshold,
+                hc.unhealthy_threshold,
+                hc.path.as_deref()
+            ),
+            (30, 10, 3, 3, None)
+        );
         assert_eq!(
             d.lb_attributes["load_balancing.cross_zone.enabled"],
             "false"
@@ -778,7 +883,16 @@ mod tests {
         assert_eq!(local.health_check.protocol, "HTTP");
         assert_eq!(local.health_check.port, "32100");
         assert_eq!(local.health_check.path.as_deref(), Some("/healthz"));
-        assert_eq!(local.health_check.healthy_threshold, 2);
+        let hc = &local.health_check;
+        assert_eq!(
+            (
+                hc.interval,
+                hc.timeout,
+                hc.healthy_threshold,
+                hc.unhealthy_threshold
+            ),
+            (10, 10, 2, 2)
+        );
     }
 
     #[test]
@@ -839,25 +953,45 @@ mod tests {
             e.contains(HC_INTERVAL) && e.contains("\"soon\"") && e.contains("5 to 300"),
             "{e}"
         );
-        let e =
-            desired(json!({"service.beta.kubernetes.io/aws-load-balancer-proxy-protocol": "*"}))
-                .unwrap_err();
-        assert!(
-            e.contains("aws-load-balancer-proxy-protocol") && e.contains("proxy_protocol_v2"),
-            "{e}"
-        );
-        let e = desired(json!({"service.beta.kubernetes.io/aws-load-balancer-nonsense": "1"}))
-            .unwrap_err();
-        assert!(
-            e.contains("aws-load-balancer-nonsense") && e.contains("unknown annotation"),
-            "{e}"
-        );
-        let e = desired(json!({TYPE: "clb"})).unwrap_err();
-        assert!(e.contains(TYPE), "{e}");
-        let e = handling(&svc(json!({TYPE: "classic"}), json!({})))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("network load balancers only"), "{e}");
+        let e = desired(
+            json!({"service.beta.kubernetes.io/aws-load-balancer-security-groups": "sg-1"}),
+        )
+        .unwrap_err();
+        assert!(e.contains("aws-load-balancer-security-groups"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_and_classic_only_keys_are_ignored_with_a_notice() {
+        let a = json!({
+            "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "instance",
+            "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol": "*",
+            TYPE: "classic",
+            HC_INTERVAL: "30",
+            "example.com/other": "x",
+        });
+        let d = desired(a.clone()).unwrap();
+        assert_eq!(d.health_check.interval, 30);
+        let s = svc(a, json!({}));
+        assert_eq!(handling(&s).unwrap(), Handling::Nlb);
+        let n = notices(&s);
+        assert_eq!(n.len(), 3, "{n:?}");
+        assert!(n
+            .iter()
+            .any(|l| l.contains("nlb-target-type") && l.contains("ignored")));
+        assert!(n
+            .iter()
+            .any(|l| l.contains("proxy-protocol") && l.contains("proxy_protocol_v2")));
+        assert!(n.iter().any(|l| l.contains("\"classic\"")));
+        assert!(notices(&svc(json!({HC_INTERVAL: "soon"}), json!({}))).is_empty());
+        // Lenient label filter: a part without a key is skipped; `k` alone means "has k".
+        let s = svc(json!({TARGET_NODE_LABELS: "=x,role=edge,zone"}), json!({}));
+        let labels = target_node_labels(&s);
+        assert_eq!(labels.len(), 2);
+        let node: Node = serde_json::from_value(
+            json!({"metadata": {"name": "n", "labels": {"role": "edge", "zone": "a"}}}),
+        )
+        .unwrap();
+        assert!(node_matches(&labels, &node));
         assert_eq!(
             handling(&svc(json!({TYPE: "external"}), json!({}))).unwrap(),
             Handling::Elsewhere
@@ -871,17 +1005,30 @@ mod tests {
         assert!(e.contains("1 addresses for 2 subnets"), "{e}");
         let e = desired(json!({TG_ATTRIBUTES: "bogus=1"})).unwrap_err();
         assert!(e.contains("\"bogus\""), "{e}");
-        let e = desired(json!({HC_TIMEOUT: "20"})).unwrap_err();
+        let e = desired(json!({HC_TIMEOUT: "40"})).unwrap_err();
         assert!(e.contains("longer than its interval"), "{e}");
         let e = Desired::from_service(
             &svc(
                 json!({}),
-                json!({"loadBalancerSourceRanges": ["10.0.0.0/8"]}),
+                json!({"loadBalancerSourceRanges": ["10.0.0.0/8", "nope"]}),
             ),
             &HealthProbeMode::ServiceNodePort,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("loadBalancerSourceRanges"));
+        assert!(
+            e.to_string().contains("loadBalancerSourceRanges: \"nope\""),
+            "{e}"
+        );
+        let d = Desired::from_service(
+            &svc(
+                json!({SOURCE_RANGES: "192.168.5.7/24, 10.1.0.0/16"}),
+                json!({}),
+            ),
+            &HealthProbeMode::ServiceNodePort,
+        )
+        .unwrap();
+        assert_eq!(d.source_ranges, vec!["10.1.0.0/16", "192.168.5.0/24"]);
+        assert_eq!(desired(json!({})).unwrap().source_ranges, vec!["0.0.0.0/0"]);
         let e = Desired::from_service(
             &svc(json!({}), json!({"ports": [{"port": 53, "protocol": "UDP", "nodePort": 30053}, {"port": 53, "protocol": "TCP", "nodePort": 30054}]})),
             &HealthProbeMode::ServiceNodePort,

@@ -22,6 +22,12 @@ const HEALTH_TTL: Duration = Duration::from_secs(30);
 const REGION_LOOKUP: Duration = Duration::from_secs(15);
 /// At most one listing of the cluster's Nodes per this interval (instance → node name).
 const NODE_LIST_INTERVAL: Duration = Duration::from_secs(60);
+/// How long an instance state read from EC2 is trusted (to leave stopped instances out of
+/// RegisterTargets without asking EC2 again).
+const STATE_TTL: Duration = Duration::from_secs(60);
+
+/// An instance's state and security groups as EC2 reported them, and when.
+type SeenInstance = (String, Vec<String>, Instant);
 
 /// What every part of one provider instance shares (the tasks on the runtime hold it; the
 /// runtime itself is held next to it, by the parts, so that a task never drops it).
@@ -40,9 +46,117 @@ pub struct AwsContext {
     host: Mutex<Option<Arc<Host>>>,
     nodes_listed: Mutex<Option<Instant>>,
     health: Mutex<Option<(Instant, Result<()>)>>,
+    states: Mutex<HashMap<String, SeenInstance>>,
+    warned: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl AwsContext {
+    /// Record the state and security groups EC2 reported for `instance`.
+    pub fn remember_state(&self, instance: &crate::api::ec2::Instance) {
+        self.states.lock().expect("states").insert(
+            instance.id.clone(),
+            (
+                instance.state.clone(),
+                instance.security_groups.clone(),
+                Instant::now(),
+            ),
+        );
+    }
+
+    /// The state EC2 reported for `instance_id` within the last minute.
+    pub fn known_state(&self, instance_id: &str) -> Option<String> {
+        self.states
+            .lock()
+            .expect("states")
+            .get(instance_id)
+            .filter(|(_, _, at)| at.elapsed() < STATE_TTL)
+            .map(|(s, _, _)| s.clone())
+    }
+
+    /// The security groups EC2 reported for `instance_id` within the last minute.
+    pub fn known_groups(&self, instance_id: &str) -> Option<Vec<String>> {
+        self.states
+            .lock()
+            .expect("states")
+            .get(instance_id)
+            .filter(|(_, _, at)| at.elapsed() < STATE_TTL)
+            .map(|(_, g, _)| g.clone())
+    }
+
+    /// A Warning event on `service` with `reason` and the `lines`, once for each distinct set
+    /// of lines (the AWS CCM ignores unknown annotations silently; this says so once). Posted
+    /// through the host's Kubernetes access from the calling (host) thread; a failure to post
+    /// is only logged.
+    pub fn warn_once(&self, ctx: &CallContext, service: &Service, reason: &str, lines: &[String]) {
+        let uid = service.metadata.uid.clone().unwrap_or_default();
+        let key = format!("{uid}/{reason}");
+        {
+            let mut warned = self.warned.lock().expect("warned");
+            if lines.is_empty() {
+                warned.remove(&key);
+                return;
+            }
+            if warned.get(&key).map(Vec::as_slice) == Some(lines) {
+                return;
+            }
+            warned.insert(key, lines.to_vec());
+        }
+        let ns = service.metadata.namespace.as_deref().unwrap_or("default");
+        let name = service.metadata.name.as_deref().unwrap_or_default();
+        let message = lines.join("; ");
+        log::warn!("aws: service {ns}/{name}: {message}");
+        let Some(host) = self.host() else {
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let stamp = {
+            let secs = now.as_secs();
+            let (days, rem) = (secs / 86_400, secs % 86_400);
+            let (y, m, d) = civil_from_days(days as i64);
+            format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+                rem / 3600,
+                (rem % 3600) / 60,
+                rem % 60
+            )
+        };
+        let event = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": format!("{name}.{:x}", now.as_nanos()), "namespace": ns},
+            "involvedObject": {
+                "apiVersion": "v1", "kind": "Service", "namespace": ns, "name": name,
+                "uid": uid,
+                "resourceVersion": service.metadata.resource_version.clone().unwrap_or_default(),
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": "service-controller"},
+            "reportingComponent": "service-controller",
+        });
+        let body = serde_json::to_vec(&event).unwrap_or_default();
+        match host.kube_request(
+            ctx,
+            "POST",
+            &format!("/api/v1/namespaces/{ns}/events"),
+            "application/json",
+            &body,
+        ) {
+            Ok((s, _)) if s < 300 => {}
+            Ok((s, b)) => log::warn!(
+                "aws: posting the {reason} event of {ns}/{name}: HTTP {s}: {}",
+                String::from_utf8_lossy(&b)
+            ),
+            Err(e) => log::warn!("aws: posting the {reason} event of {ns}/{name}: {e}"),
+        }
+    }
+
     /// The cluster ID for tags: the configured one, else the host's `--cluster-name`.
     pub fn cluster_id_or<'a>(&'a self, cluster_name: &'a str) -> &'a str {
         self.cluster_id.as_deref().unwrap_or(cluster_name)
@@ -268,24 +382,30 @@ impl AwsCloud {
         let sdk_http = crate::api::sdk_http_client();
         let region = match config.configured_region() {
             Some(r) => r,
-            None => rt
-                .run_for(REGION_LOOKUP, {
-                    let profile = config.profile.clone();
-                    async move {
-                    let mut chain = aws_config::default_provider::region::DefaultRegionChain::builder();
-                    if let Some(p) = &profile {
-                        chain = chain.profile_name(p);
+            None => {
+                let sources = crate::region::RegionSources {
+                    config_file: config.shared_config_file.clone(),
+                    credentials_file: config.shared_credentials_file.clone(),
+                    profile: config.profile.clone(),
+                };
+                let http = sdk_http.clone();
+                let found = rt.run_for(REGION_LOOKUP, async move {
+                    Ok(crate::region::find_region(&sources, http).await)
+                });
+                match found {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(tried)) => {
+                        return Err(ProviderError::invalid_config(format!(
+                            "aws cloud config: no region: {tried}"
+                        )))
                     }
-                    Ok(chain.build().region().await.map(|r| r.to_string()))
+                    Err(e) => {
+                        return Err(ProviderError::invalid_config(format!(
+                            "aws cloud config: no region: looking it up (environment, profile, instance metadata) failed: {e}"
+                        )))
                     }
-                })
-                .ok()
-                .flatten()
-                .ok_or_else(|| {
-                    ProviderError::invalid_config(
-                        "aws cloud config: no region: set Region or Zone in [Global], or AWS_REGION (the instance metadata service did not answer)",
-                    )
-                })?,
+                }
+            }
         };
         let sts_url = config.override_for("sts", &region).map(|o| o.url.clone());
         let credentials = Arc::new(CredentialSource::new(
@@ -326,6 +446,8 @@ impl AwsCloud {
             host: Mutex::new(None),
             nodes_listed: Mutex::new(None),
             health: Mutex::new(None),
+            states: Mutex::new(HashMap::new()),
+            warned: Mutex::new(HashMap::new()),
         });
         Ok(Self {
             instances: Arc::new(AwsInstances::new(cx.clone(), rt.clone())),
@@ -397,5 +519,29 @@ impl CloudProvider for AwsCloud {
             *self.cx.health.lock().expect("health") = Some((Instant::now(), r.clone()));
         }
         r
+    }
+}
+
+/// Year, month, day of a day count since 1970-01-01 (H. Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn civil_dates() {
+        assert_eq!(super::civil_from_days(0), (1970, 1, 1));
+        assert_eq!(super::civil_from_days(20_454), (2026, 1, 1));
+        assert_eq!(super::civil_from_days(11_016), (2000, 2, 29));
     }
 }

@@ -79,6 +79,10 @@ pub struct AwsConfig {
     pub vpc: Option<String>,
     /// `SubnetID`: the subnet used for load balancers when no tagged subnet is found.
     pub subnet_id: Option<String>,
+    /// `DisableSecurityGroupIngress`: never add or remove rules in the nodes' security groups.
+    pub disable_sg_ingress: bool,
+    /// `ElbSecurityGroup`: a security group whose rules are never changed.
+    pub elb_security_group: Option<String>,
     /// `RouteTableID`: the route table(s) of the pod routes (comma-separated list allowed);
     /// else every table of the VPC tagged with the cluster tag.
     pub route_table_ids: Vec<String>,
@@ -110,6 +114,8 @@ impl Default for AwsConfig {
             region: None,
             vpc: None,
             subnet_id: None,
+            disable_sg_ingress: false,
+            elb_security_group: None,
             route_table_ids: Vec::new(),
             role_arn: None,
             cluster_id: None,
@@ -127,16 +133,8 @@ impl Default for AwsConfig {
 /// Keys of the AWS CCM's `[Global]` accepted without effect here, and why.
 const IGNORED_GLOBAL: &[(&str, &str)] = &[
     (
-        "disablesecuritygroupingress",
-        "this provider never changes security groups (as with DisableSecurityGroupIngress = true)",
-    ),
-    (
-        "elbsecuritygroup",
-        "classic ELBs are not implemented; NLBs get no security group",
-    ),
-    (
         "nlbsecuritygroupmode",
-        "this provider never creates security groups",
+        "this provider never creates security groups for NLBs",
     ),
     (
         "supportedtopologyinstancetypepattern",
@@ -283,6 +281,20 @@ impl AwsConfig {
                 "region" => self.region = text(value),
                 "vpc" => self.vpc = text(value),
                 "subnetid" => self.subnet_id = text(value),
+                "disablesecuritygroupingress" => {
+                    self.disable_sg_ingress = match value.to_ascii_lowercase().as_str() {
+                        // gcfg: a key without a value is true.
+                        "" | "true" | "yes" | "on" | "1" => true,
+                        "false" | "no" | "off" | "0" => false,
+                        other => {
+                            return Err(bad(
+                                line,
+                                format!("DisableSecurityGroupIngress: {other:?} is not a boolean"),
+                            ))
+                        }
+                    }
+                }
+                "elbsecuritygroup" => self.elb_security_group = text(value),
                 "routetableid" => {
                     self.route_table_ids = value
                         .split(',')
@@ -617,8 +629,8 @@ SigningName = elasticloadbalancing
                 path: "/healthz".into()
             }
         );
-        assert_eq!(c.ignored().len(), 1);
-        assert!(c.ignored()[0].contains("DisableSecurityGroupIngress (line 10)"));
+        assert!(c.ignored().is_empty(), "{:?}", c.ignored());
+        assert!(c.disable_sg_ingress);
         let ec2 = c.override_for("ec2", "us-east-1").unwrap();
         assert_eq!(ec2.url, "http://127.0.0.1:5000");
         let elb = c.override_for("elasticloadbalancing", "us-east-1").unwrap();

@@ -161,9 +161,42 @@ impl CredentialSource {
             loader = loader.endpoint_url(url);
         }
         let sdk = loader.load().await;
-        let base = sdk
+        let mut base = sdk
             .credentials_provider()
             .unwrap_or_else(|| SharedCredentialsProvider::new(NoCredentials));
+        // aws-config's web identity provider builds its STS client without the loader's
+        // endpoint; with an STS override, web identity is done here (after the environment,
+        // before the rest of the chain).
+        if let (Some(url), Some(token_file), Some(role)) = (
+            &s.sts_url,
+            std::env::var_os("AWS_WEB_IDENTITY_TOKEN_FILE"),
+            std::env::var("AWS_ROLE_ARN").ok().filter(|r| !r.is_empty()),
+        ) {
+            let region = s.region.clone().unwrap_or_else(|| "us-east-1".into());
+            let conf = aws_sdk_sts::Config::builder()
+                .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
+                .region(Region::new(region))
+                .endpoint_url(url)
+                .http_client(self.http.clone())
+                .build();
+            let web = WebIdentity {
+                sts: aws_sdk_sts::Client::from_conf(conf),
+                token_file: PathBuf::from(token_file),
+                role_arn: role,
+                session_name: std::env::var("AWS_ROLE_SESSION_NAME")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| "ccm-host-aws".into()),
+            };
+            base = SharedCredentialsProvider::new(
+                aws_config::meta::credentials::CredentialsProviderChain::first_try(
+                    "Environment",
+                    aws_config::environment::credentials::EnvironmentVariableCredentialsProvider::new(),
+                )
+                .or_else("WebIdentityToken", web)
+                .or_else("Default", base),
+            );
+        }
         match &s.role_arn {
             Some(arn) => SharedCredentialsProvider::new(
                 aws_config::sts::AssumeRoleProvider::builder(arn.clone())
@@ -231,6 +264,13 @@ fn credentials_error(e: CredentialsError) -> ProviderError {
         msg.push_str(&s.to_string());
         src = s.source();
     }
+    // The SDK's chain lists each provider on its own line: one line here.
+    let msg = msg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
     match e {
         CredentialsError::ProviderTimedOut(_) | CredentialsError::ProviderError(_) => {
             ProviderError::other(format!("aws credentials: {msg}"))
@@ -238,6 +278,68 @@ fn credentials_error(e: CredentialsError) -> ProviderError {
         _ => ProviderError::unauthorized(format!(
             "aws credentials: {msg} (checked: environment, shared profile files, web identity, ECS, IMDSv2)"
         )),
+    }
+}
+
+/// AssumeRoleWithWebIdentity with the token read from its file on every call (the kubelet
+/// rotates it), against the configured STS endpoint.
+#[derive(Debug)]
+struct WebIdentity {
+    sts: aws_sdk_sts::Client,
+    token_file: PathBuf,
+    role_arn: String,
+    session_name: String,
+}
+
+impl WebIdentity {
+    async fn fetch(&self) -> aws_credential_types::provider::Result {
+        let token = std::fs::read_to_string(&self.token_file).map_err(|e| {
+            CredentialsError::provider_error(format!(
+                "web identity token {}: {e}",
+                self.token_file.display()
+            ))
+        })?;
+        let out = self
+            .sts
+            .assume_role_with_web_identity()
+            .role_arn(&self.role_arn)
+            .role_session_name(&self.session_name)
+            .web_identity_token(token.trim())
+            .send()
+            .await
+            .map_err(|e| {
+                use std::error::Error as _;
+                let mut msg = format!("AssumeRoleWithWebIdentity {}: {e}", self.role_arn);
+                let mut src = e.source();
+                while let Some(s) = src {
+                    msg.push_str(": ");
+                    msg.push_str(&s.to_string());
+                    src = s.source();
+                }
+                CredentialsError::provider_error(msg)
+            })?;
+        let c = out.credentials.ok_or_else(|| {
+            CredentialsError::provider_error("AssumeRoleWithWebIdentity answered no credentials")
+        })?;
+        let expiry = SystemTime::try_from(c.expiration).ok();
+        Ok(Credentials::new(
+            c.access_key_id,
+            c.secret_access_key,
+            Some(c.session_token),
+            expiry,
+            "WebIdentityToken",
+        ))
+    }
+}
+
+impl ProvideCredentials for WebIdentity {
+    fn provide_credentials<'a>(
+        &'a self,
+    ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        aws_credential_types::provider::future::ProvideCredentials::new(self.fetch())
     }
 }
 

@@ -209,6 +209,7 @@ impl AwsContext {
         let mut out = HashMap::new();
         for (filter, found) in try_join_all(calls).await? {
             for instance in found {
+                self.remember_state(&instance);
                 if filter == "instance-id" {
                     out.insert(Key::Id(instance.id.clone()), instance);
                     continue;

@@ -25,8 +25,10 @@ pub mod config;
 pub mod credentials;
 pub mod instances;
 pub mod loadbalancer;
+pub mod region;
 pub mod routes;
 pub mod runtime;
+pub mod securitygroups;
 pub mod tags;
 
 pub use cloud::AwsCloud;

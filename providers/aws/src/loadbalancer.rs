@@ -7,9 +7,12 @@
 //!   for no cluster, internet-facing ones only in public subnets, preferring the
 //!   `kubernetes.io/role/elb` / `…/internal-elb` tag);
 //! - one target group per Service port, instance targets on the port's NodePort, named
-//!   `k8s-<ns>-<name>-<hash>` from what cannot change in place (ports, protocol, health check
-//!   protocol and interval), with the health check of [`crate::annotations`];
+//!   `k8s-<ns>-<name>-<hash>` exactly as the AWS CCM names them (SHA-1 of what cannot change in
+//!   place: ports, protocol, health check protocol and interval), with the health check of
+//!   [`crate::annotations`];
 //! - one listener per Service port forwarding to its target group;
+//! - the NodePorts opened in the nodes' security groups for the source ranges and the health
+//!   checks, as the AWS CCM does ([`crate::securitygroups`]);
 //! - every resource it creates carries `kubernetes.io/cluster/<c>=owned` and
 //!   `kubernetes.io/service-name=ns/name` (plus `aws-load-balancer-additional-resource-tags`),
 //!   and it changes or deletes only resources carrying both: a load balancer of the same name
@@ -25,17 +28,20 @@ use std::sync::{Arc, Mutex};
 
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
-use sha2::{Digest, Sha256};
 
 use crate::annotations::{self, Desired, Handling, PortMapping};
 use crate::api::ec2::Subnet;
 use crate::api::elbv2::{
-    LoadBalancer as Nlb, NewLoadBalancer, NewTargetGroup, Target, TargetGroup,
+    Listener, LoadBalancer as Nlb, NewLoadBalancer, NewTargetGroup, Target, TargetGroup,
 };
 use crate::cloud::AwsContext;
 use crate::instances::{key_of, Key};
 use crate::runtime::AwsRuntime;
+use crate::securitygroups::{sync_nlb_rules, NlbRules};
 use crate::tags;
+
+/// The reason of the Warning event that lists the annotations a Service carries to no effect.
+pub const IGNORED_ANNOTATIONS: &str = "IgnoredAnnotations";
 
 /// The `aws` LoadBalancer.
 pub struct AwsLoadBalancer {
@@ -49,36 +55,107 @@ struct Nlbs {
     vpc: Mutex<Option<String>>,
 }
 
-/// The target group name of `mapping` (32 characters at most, alphanumerics and dashes).
+/// The target group name of `mapping`, computed as the AWS CCM computes it
+/// (`buildTargetGroupName`), so a Service handed over keeps its groups: `k8s-<ns8>-<name8>-<h10>`,
+/// `ns8`/`name8` the first 8 alphanumerics of namespace and name, `h10` the first 10 hex digits
+/// of the SHA-1 of cluster ID, namespace, name, port, NodePort, target protocol, target type
+/// (`instance`), health check protocol and interval, concatenated without separators.
 pub fn target_group_name(cluster_id: &str, d: &Desired, m: &PortMapping) -> String {
-    let mut h = Sha256::new();
-    for part in [
+    target_group_name_of(
         cluster_id,
         &d.namespace,
         &d.name,
-        &m.port.to_string(),
-        &m.node_port.to_string(),
+        m.port,
+        m.node_port,
         &m.target_protocol,
         "instance",
         &d.health_check.protocol,
-        &d.health_check.interval.to_string(),
-    ] {
-        h.update(part.as_bytes());
-        h.update([0u8]);
-    }
-    let hash: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        d.health_check.interval,
+    )
+}
+
+/// [`target_group_name`] from its inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn target_group_name_of(
+    cluster_id: &str,
+    namespace: &str,
+    name: &str,
+    port: u16,
+    node_port: u16,
+    target_protocol: &str,
+    target_type: &str,
+    hc_protocol: &str,
+    hc_interval: u32,
+) -> String {
+    let input = format!(
+        "{cluster_id}{namespace}{name}{port}{node_port}{target_protocol}{target_type}{hc_protocol}{hc_interval}"
+    );
+    let hash: String = sha1(input.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let clean = |s: &str| -> String {
         s.chars()
             .filter(char::is_ascii_alphanumeric)
             .take(8)
             .collect()
     };
-    format!(
-        "k8s-{}-{}-{}",
-        clean(&d.namespace),
-        clean(&d.name),
-        &hash[..10]
-    )
+    format!("k8s-{}-{}-{}", clean(namespace), clean(name), &hash[..10])
+}
+
+/// SHA-1 (FIPS 180-4), for the AWS CCM's target group names only (not for security).
+fn sha1(data: &[u8]) -> [u8; 20] {
+    let mut h: [u32; 5] = [
+        0x6745_2301,
+        0xEFCD_AB89,
+        0x98BA_DCFE,
+        0x1032_5476,
+        0xC3D2_E1F0,
+    ];
+    let mut msg = data.to_vec();
+    let bits = (data.len() as u64).wrapping_mul(8);
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&bits.to_be_bytes());
+    for block in msg.chunks(64) {
+        let mut w = [0u32; 80];
+        for (i, word) in block.chunks(4).enumerate() {
+            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for i in 16..80 {
+            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e] = h;
+        for (i, wi) in w.iter().enumerate() {
+            let (f, k) = match i {
+                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
+                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
+                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
+                _ => (b ^ c ^ d, 0xCA62_C1D6),
+            };
+            let t = a
+                .rotate_left(5)
+                .wrapping_add(f)
+                .wrapping_add(e)
+                .wrapping_add(k)
+                .wrapping_add(*wi);
+            e = d;
+            d = c;
+            c = b.rotate_left(30);
+            b = a;
+            a = t;
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 20];
+    for (i, x) in h.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
+    }
+    out
 }
 
 /// The prefix of every target group name of the Service.
@@ -160,6 +237,123 @@ impl Nlbs {
             return Err(not_owned(name, service, cluster_id));
         }
         Ok(Some(lb))
+    }
+
+    /// The listeners of `lb_arn` and its target groups: those AWS lists for the load balancer
+    /// and those its listeners forward to (moto's ModifyListener does not add the load
+    /// balancer to the new group's `LoadBalancerArns`; AWS does).
+    async fn listeners_and_groups(
+        &self,
+        lb_arn: &str,
+    ) -> Result<(Vec<Listener>, Vec<TargetGroup>)> {
+        let listeners = self.cx.api.listeners_of(lb_arn).await?;
+        let mut groups = self.cx.api.target_groups_of(lb_arn).await?;
+        let missing: Vec<String> = listeners
+            .iter()
+            .filter_map(|l| l.target_group_arn.clone())
+            .filter(|a| !groups.iter().any(|g| &g.arn == a))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !missing.is_empty() {
+            groups.extend(self.cx.api.target_groups_by_arn(&missing).await?);
+        }
+        Ok((listeners, groups))
+    }
+
+    /// The targets of `add` that RegisterTargets takes: instances EC2 reported (within the
+    /// last minute, else asked now in one DescribeInstances) as `pending` or `running`.
+    /// Stopped and terminated instances are never sent (AWS answers `InvalidTarget`).
+    async fn registrable(&self, add: Vec<Target>) -> Result<Vec<Target>> {
+        let unknown: Vec<Key> = add
+            .iter()
+            .filter(|t| self.cx.known_state(&t.id).is_none())
+            .map(|t| t.id.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(Key::Id)
+            .collect();
+        if !unknown.is_empty() {
+            // Records every state it reads; an ID EC2 does not know stays unknown.
+            self.cx.lookup(&unknown).await?;
+        }
+        Ok(add
+            .into_iter()
+            .filter(|t| match self.cx.known_state(&t.id).as_deref() {
+                Some("pending" | "running") => true,
+                Some(state) => {
+                    log::info!(
+                        "aws: instance {} is {state}; not registered as a target",
+                        t.id
+                    );
+                    false
+                }
+                None => {
+                    log::warn!(
+                        "aws: instance {} is unknown to EC2; not registered as a target",
+                        t.id
+                    );
+                    false
+                }
+            })
+            .collect())
+    }
+
+    /// The nodes' security-group rules of `lb` for `d` ([`crate::securitygroups`]).
+    async fn sync_rules(
+        &self,
+        cluster_id: &str,
+        lb: &Nlb,
+        d: &Desired,
+        ids: &[String],
+    ) -> Result<()> {
+        if self.cx.config.disable_sg_ingress {
+            return Ok(());
+        }
+        let clients: Vec<(String, u16)> = d
+            .mappings
+            .iter()
+            .map(|m| {
+                let p = if m.target_protocol == "UDP" {
+                    "udp"
+                } else {
+                    "tcp"
+                };
+                (p.to_string(), m.node_port)
+            })
+            .collect();
+        let health_ports: Vec<u16> = match d.health_check.port.parse::<u16>() {
+            Ok(p) => vec![p],
+            Err(_) => d
+                .mappings
+                .iter()
+                .map(|m| m.node_port)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        };
+        let mut rules = NlbRules {
+            clients,
+            client_cidrs: d.source_ranges.clone(),
+            health_ports,
+            health_cidrs: Vec::new(),
+        };
+        if rules.needs_health() {
+            let subnets: Vec<String> = lb.zones.iter().map(|(_, s)| s.clone()).collect();
+            if !subnets.is_empty() {
+                rules.health_cidrs = self
+                    .cx
+                    .api
+                    .describe_subnets(&[("subnet-id", &subnets[..])])
+                    .await?
+                    .into_iter()
+                    .map(|s| s.cidr)
+                    .filter(|c| !c.is_empty())
+                    .collect();
+            }
+        }
+        let vpc = (!lb.vpc_id.is_empty()).then_some(lb.vpc_id.as_str());
+        sync_nlb_rules(&self.cx, cluster_id, &lb.name, vpc, ids, Some(&rules)).await
     }
 
     /// The instance IDs behind `nodes` (provider IDs, else a lookup by name).
@@ -372,6 +566,11 @@ impl Nlbs {
             .collect();
         let remove: Vec<Target> = actual.difference(&wanted).cloned().collect();
         let add: Vec<Target> = wanted.difference(&actual).cloned().collect();
+        let add = if add.is_empty() {
+            add
+        } else {
+            self.registrable(add).await?
+        };
         // Deregister first: a full group can then take replacements.
         if !remove.is_empty() {
             self.cx.api.deregister_targets(tg_arn, &remove).await?;
@@ -495,7 +694,20 @@ impl Nlbs {
         service: &Service,
         nodes: &[Node],
     ) -> Result<LoadBalancerStatus> {
-        let d = Desired::from_service(service, &self.cx.config.health_probe_mode)?;
+        let d = match Desired::from_service(service, &self.cx.config.health_probe_mode) {
+            Ok(d) => d,
+            Err(e) if e.kind() == ErrorKind::IMPLEMENTED_ELSEWHERE => return Err(e),
+            Err(e) => {
+                // The configuration cannot be worked out until the Service is fixed; its
+                // targets still follow the nodes.
+                match self.follow_nodes(cluster_name, service, nodes).await {
+                    Ok(()) => {}
+                    Err(t) if t.kind() == ErrorKind::NOT_FOUND => {}
+                    Err(t) => log::warn!("aws: {t}"),
+                }
+                return Err(e);
+            }
+        };
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
         let targets: Vec<Node> = nodes
@@ -557,10 +769,7 @@ impl Nlbs {
         let (listeners, attached) = if created {
             (Vec::new(), Vec::new())
         } else {
-            (
-                self.cx.api.listeners_of(&lb.arn).await?,
-                self.cx.api.target_groups_of(&lb.arn).await?,
-            )
+            self.listeners_and_groups(&lb.arn).await?
         };
         let mut keep_tgs: BTreeSet<String> = BTreeSet::new();
         for m in &d.mappings {
@@ -628,6 +837,9 @@ impl Nlbs {
             }
         }
 
+        // The NodePorts in the nodes' security groups, for the clients and the health checks.
+        self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
+
         // Attributes: a new NLB has AWS's defaults (cross-zone off, no access logs).
         let defaults = d.lb_attributes.iter().all(|(k, v)| {
             (k == "load_balancing.cross_zone.enabled" || k == "access_logs.s3.enabled")
@@ -658,24 +870,38 @@ impl Nlbs {
         Ok(status_of(&lb))
     }
 
-    async fn update(&self, cluster_name: &str, service: &Service, nodes: &[Node]) -> Result<()> {
-        let d = Desired::from_service(service, &self.cx.config.health_probe_mode)?;
+    /// UpdateLoadBalancer: the targets of every target group of the Service's NLB become the
+    /// nodes (filtered by `target-node-labels`). Reads no other annotation, so an invalid or
+    /// unknown one never stops it.
+    async fn follow_nodes(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<()> {
+        let key = annotations::service_key(service);
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
-        let Some(lb) = self.owned(&name, &cluster_id, &d.service).await? else {
+        let Some(lb) = self.owned(&name, &cluster_id, &key).await? else {
             return Err(ProviderError::not_found(format!(
-                "service {}: load balancer {name} does not exist",
-                d.service
+                "service {key}: load balancer {name} does not exist"
             )));
         };
+        let labels = annotations::target_node_labels(service);
         let targets: Vec<Node> = nodes
             .iter()
-            .filter(|n| d.targets_node(n))
+            .filter(|n| annotations::node_matches(&labels, n))
             .cloned()
             .collect();
         let ids = self.instance_ids(&targets).await?;
-        for tg in self.cx.api.target_groups_of(&lb.arn).await? {
+        let (_, groups) = self.listeners_and_groups(&lb.arn).await?;
+        for tg in groups {
             self.sync_targets(&tg.arn, tg.port, &ids, None).await?;
+        }
+        // The security-group rules follow the instances too, when the Service's settings can
+        // be read (else the next successful ensure does it).
+        if let Ok(d) = Desired::from_service(service, &self.cx.config.health_probe_mode) {
+            self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
         }
         Ok(())
     }
@@ -696,16 +922,29 @@ impl Nlbs {
         };
         let mut groups: Vec<TargetGroup> = Vec::new();
         if let Some(lb) = &lb {
-            groups = self.cx.api.target_groups_of(&lb.arn).await?;
+            groups = self.listeners_and_groups(&lb.arn).await?.1;
+        }
+        // And by name prefix and tags: groups of the Service that neither the listeners nor
+        // AWS's listing for the NLB lead to (left by an interrupted ensure or deletion, or
+        // switched by a ModifyListener that moto does not record).
+        let lb_arn = lb.as_ref().map(|l| l.arn.clone());
+        for g in self.orphan_groups(service, lb_arn.as_deref()).await? {
+            if !groups.iter().any(|h| h.arn == g.arn) {
+                groups.push(g);
+            }
+        }
+        if let Some(lb) = &lb {
             log::info!("aws: deleting network load balancer {name} of service {key}");
             self.cx.api.delete_load_balancer(&lb.arn).await?;
         }
-        // Target groups of the Service that are not attached any more: left by an interrupted
-        // ensure or deletion. Only when the NLB was already gone (a full listing otherwise
-        // costs for nothing).
-        if lb.is_none() {
-            groups = self.orphan_groups(&cluster_id, service, &key).await?;
-        }
+        // The NLB's rules in the nodes' security groups (recognised by their descriptions).
+        let vpc = lb
+            .as_ref()
+            .map(|l| l.vpc_id.clone())
+            .filter(|v| !v.is_empty())
+            .or_else(|| self.cx.config.vpc.clone())
+            .or_else(|| self.vpc.lock().expect("vpc").clone());
+        sync_nlb_rules(&self.cx, &cluster_id, &name, vpc.as_deref(), &[], None).await?;
         let arns: Vec<String> = groups.iter().map(|g| g.arn.clone()).collect();
         let owned = self.cx.api.describe_tags(&arns).await?;
         let empty = BTreeMap::new();
@@ -737,12 +976,12 @@ impl Nlbs {
         Ok(())
     }
 
-    /// Target groups named for `service` that no load balancer uses.
+    /// Target groups named for `service` (the `k8s-<ns>-<name>-` prefix) that no load balancer
+    /// but `lb_arn` uses; the caller checks their ownership tags.
     async fn orphan_groups(
         &self,
-        cluster_id: &str,
         service: &Service,
-        key: &str,
+        lb_arn: Option<&str>,
     ) -> Result<Vec<TargetGroup>> {
         let prefix = match Desired::from_service(service, &self.cx.config.health_probe_mode) {
             Ok(d) => target_group_prefix(&d),
@@ -760,14 +999,15 @@ impl Nlbs {
                 )
             }
         };
-        let _ = (cluster_id, key);
         Ok(self
             .cx
             .api
             .all_target_groups()
             .await?
             .into_iter()
-            .filter(|g| g.name.starts_with(&prefix) && g.lb_arns.is_empty())
+            .filter(|g| {
+                g.name.starts_with(&prefix) && g.lb_arns.iter().all(|a| Some(a.as_str()) == lb_arn)
+            })
             .collect())
     }
 
@@ -833,6 +1073,12 @@ impl LoadBalancer for AwsLoadBalancer {
         if annotations::handling(service)? == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
+        self.inner.cx.warn_once(
+            ctx,
+            service,
+            IGNORED_ANNOTATIONS,
+            &annotations::notices(service),
+        );
         let cluster = cluster_name.to_string();
         self.run(ctx, service, nodes, |lb, svc, nodes| async move {
             lb.ensure(&cluster, &svc, &nodes).await
@@ -850,9 +1096,15 @@ impl LoadBalancer for AwsLoadBalancer {
         if annotations::handling(service)? == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
+        self.inner.cx.warn_once(
+            ctx,
+            service,
+            IGNORED_ANNOTATIONS,
+            &annotations::notices(service),
+        );
         let cluster = cluster_name.to_string();
         self.run(ctx, service, nodes, |lb, svc, nodes| async move {
-            lb.update(&cluster, &svc, &nodes).await
+            lb.follow_nodes(&cluster, &svc, &nodes).await
         })
     }
 
@@ -917,5 +1169,41 @@ mod tests {
         assert_ne!(target_group_name("prod", &d, &m), name);
         assert_ne!(target_group_name("other", &d, &d.mappings[0]), name);
         assert_eq!(target_group_name("prod", &d, &d.mappings[0]), name);
+    }
+
+    #[test]
+    fn target_group_names_are_the_aws_ccms() {
+        // SHA-1 itself (FIPS 180-4 examples).
+        let hex = |b: [u8; 20]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert_eq!(
+            hex(sha1(b"abc")),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+        assert_eq!(
+            hex(sha1(
+                b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+            )),
+            "84983e441c3bd26ebaae4aa1f95129e5e54670f1"
+        );
+        // The AWS CCM's own test vectors (zero health check configuration), and the default.
+        let name = |hc: &str, interval: u32, target_type: &str| {
+            target_group_name_of(
+                "cluster-a",
+                "default",
+                "service-a",
+                80,
+                8080,
+                "TCP",
+                target_type,
+                hc,
+                interval,
+            )
+        };
+        assert_eq!(name("", 0, "instance"), "k8s-default-servicea-7fa2e07508");
+        assert_eq!(name("HTTP", 10, "ip"), "k8s-default-servicea-4028e49618");
+        assert_eq!(
+            name("TCP", 30, "instance"),
+            "k8s-default-servicea-7dc8c715c5"
+        );
     }
 }

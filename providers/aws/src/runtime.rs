@@ -11,14 +11,79 @@
 //!
 //! The runtime is this plugin's own copy of tokio (a plugin links its own crates), so it never
 //! meets the host's runtime.
+//!
+//! A call cut off by its deadline says what it was waiting for: the API client records each
+//! AWS request in flight ([`InFlight`], a task-local of the call), and the deadline error names
+//! them, e.g. `call deadline exceeded after 1s: no answer from elasticloadbalancing
+//! DescribeLoadBalancers at https://elasticloadbalancing.us-east-1.amazonaws.com (waiting 1s)`.
 
 use std::future::Future;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ccm_provider_abi::{CallContext, ProviderError};
 
 /// How often a running call looks at the host's cancellation flag.
 const CANCEL_POLL: Duration = Duration::from_millis(20);
+
+tokio::task_local! {
+    static IN_FLIGHT: InFlight;
+}
+
+/// The AWS requests in flight in one call (service, action, endpoint), shared with
+/// [`bounded`] for its deadline message.
+#[derive(Clone, Default)]
+pub struct InFlight(Arc<Mutex<Vec<(u64, String, Instant)>>>);
+
+/// A request recorded in the current call's [`InFlight`]; [`InFlightEntry::done`] removes it.
+/// Dropped without `done` (the call was cut off), it stays for the deadline message.
+pub struct InFlightEntry(Option<(InFlight, u64)>);
+
+impl InFlight {
+    /// Record `what` in the current call (nothing outside [`bounded`]).
+    pub fn start(what: String) -> InFlightEntry {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        InFlightEntry(
+            IN_FLIGHT
+                .try_with(|f| {
+                    f.0.lock()
+                        .expect("in flight")
+                        .push((id, what, Instant::now()));
+                    (f.clone(), id)
+                })
+                .ok(),
+        )
+    }
+
+    fn describe(&self) -> Option<String> {
+        let list = self.0.lock().expect("in flight");
+        if list.is_empty() {
+            return None;
+        }
+        Some(
+            list.iter()
+                .map(|(_, what, at)| {
+                    format!(
+                        "no answer from {what} (waiting {:.1}s)",
+                        at.elapsed().as_secs_f64()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    }
+}
+
+impl InFlightEntry {
+    /// The request ended (answered or failed).
+    pub fn done(mut self) {
+        if let Some((f, id)) = self.0.take() {
+            f.0.lock().expect("in flight").retain(|(i, _, _)| *i != id);
+        }
+    }
+}
 
 /// One tokio runtime per provider instance.
 pub struct AwsRuntime {
@@ -90,6 +155,9 @@ pub async fn bounded<T>(
     ctx: &CallContext,
     fut: impl Future<Output = Result<T, ProviderError>>,
 ) -> Result<T, ProviderError> {
+    let started = Instant::now();
+    let in_flight = InFlight::default();
+    let fut = IN_FLIGHT.scope(in_flight.clone(), fut);
     let cancelled = async {
         loop {
             if ctx.is_cancelled() {
@@ -104,10 +172,14 @@ pub async fn bounded<T>(
             None => std::future::pending::<()>().await,
         }
     };
+    let waiting = |what: &str| match in_flight.describe() {
+        Some(d) => format!("{what} after {:.1}s: {d}", started.elapsed().as_secs_f64()),
+        None => format!("{what} after {:.1}s", started.elapsed().as_secs_f64()),
+    };
     tokio::select! {
         r = fut => r,
-        () = cancelled => Err(ProviderError::cancelled("call cancelled by the host")),
-        () = deadline => Err(ProviderError::deadline_exceeded("call deadline exceeded")),
+        () = cancelled => Err(ProviderError::cancelled(waiting("call cancelled by the host"))),
+        () = deadline => Err(ProviderError::deadline_exceeded(waiting("call deadline exceeded"))),
     }
 }
 

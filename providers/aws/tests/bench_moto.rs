@@ -220,8 +220,12 @@ async fn aws_load_balancers() {
     .await;
     let secs = started.elapsed().as_secs_f64();
     let counts = env.proxy.counts();
-    let calls: u64 = counts.values().sum();
-    let detail: Vec<String> = counts.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    let calls: u64 = env.proxy.total();
+    let detail: Vec<String> = counts
+        .iter()
+        .filter(|(k, _)| !k.starts_with('@'))
+        .map(|(k, v)| format!("{k}:{v}"))
+        .collect();
     println!(
         "BENCH aws_load_balancers phase=ensure services={services_n} nodes={nodes_n} workers={workers} secs={secs:.2} aws_calls={calls} calls_per_service={:.1} by_action={}",
         calls as f64 / services_n as f64,

@@ -2,7 +2,8 @@
 //! node initialisation from EC2 instances, the lifecycle (stopped → shutdown taint, terminated →
 //! Node deleted), NLBs for LoadBalancer Services (target groups and listeners per port,
 //! targets following the nodes, deletion without leaks, foreign load balancers left alone,
-//! invalid annotations), routes, wrong and rotated credentials, throttling.
+//! unknown and invalid annotations, adoption of what the AWS CCM made, the nodes'
+//! security-group rules), routes, wrong and rotated credentials, throttling, deadlines.
 //!
 //! moto is started by `support` (installed by `.ci/run`); a missing moto fails these tests.
 
@@ -328,6 +329,16 @@ async fn a_load_balancer_service_becomes_an_nlb_that_follows_the_nodes_and_leave
         assert_eq!(g.protocol, l.protocol);
         assert_eq!(g.hc_protocol, "TCP");
         assert_eq!(g.hc_port, "traffic-port");
+        // The AWS CCM's defaultNlbHealthCheckInterval / Timeout / Threshold.
+        assert_eq!(
+            (
+                g.hc_interval,
+                g.hc_timeout,
+                g.healthy_threshold,
+                g.unhealthy_threshold
+            ),
+            (Some(30), Some(10), Some(3), Some(3))
+        );
         let targets = env.api.targets_of(&g.arn).await.unwrap();
         assert_eq!(
             targets
@@ -392,6 +403,35 @@ async fn a_load_balancer_service_becomes_an_nlb_that_follows_the_nodes_and_leave
     for g in &groups {
         wait_targets(&env, &g.arn, &without, "the deleted node deregistered").await;
     }
+
+    // A NodePort change: a new target group, the listener switched to it (ModifyListener,
+    // which moto does not record in the group's LoadBalancerArns), the old group deleted.
+    let mut changed = stored_service(&env, "web").await;
+    for p in changed.spec.as_mut().unwrap().ports.as_mut().unwrap() {
+        if p.port == 80 {
+            p.node_port = Some(30081);
+        }
+    }
+    services
+        .replace("web", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    eventually_async(
+        "the port 80 listener forwards to a group on 30081",
+        WAIT,
+        || async {
+            let l = env.api.listeners_of(&lb.arn).await.unwrap();
+            let arn = l.iter().find(|l| l.port == 80)?.target_group_arn.clone()?;
+            let g = env.api.target_groups_by_arn(&[arn]).await.unwrap();
+            (g.first()?.port == 30081).then_some(())
+        },
+    )
+    .await;
+    eventually_async("the old group deleted", WAIT, || async {
+        let n = env.api.all_target_groups().await.unwrap().len();
+        (n == 2).then_some(())
+    })
+    .await;
 
     // Deleting the Service deletes the NLB, its listeners and target groups.
     services
@@ -531,20 +571,52 @@ async fn annotations_and_external_traffic_policy_local_shape_the_nlb() {
     );
 }
 
+/// The target groups of the Service's NLB (through its listeners: moto's ModifyListener does
+/// not update a group's `LoadBalancerArns`).
+async fn groups_of_service(env: &AwsEnv, name: &str) -> Vec<String> {
+    let svc = stored_service(env, name).await;
+    let lb = env
+        .api
+        .describe_load_balancer(&lb_name_of(&svc))
+        .await
+        .unwrap()
+        .expect("the NLB exists");
+    let mut arns: Vec<String> = env
+        .api
+        .listeners_of(&lb.arn)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|l| l.target_group_arn)
+        .collect();
+    arns.sort();
+    arns.dedup();
+    arns
+}
+
+fn events_of(env: &AwsEnv, service: &str, reason: &str) -> Vec<serde_json::Value> {
+    env.events()
+        .into_iter()
+        .filter(|e| e["involvedObject"]["name"] == service && e["reason"] == reason)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_or_unsupported_annotations_are_warnings_naming_the_key_without_aws_calls() {
+async fn unknown_annotations_are_ignored_and_invalid_values_never_stop_the_targets() {
     let moto = shared_moto();
     let env = AwsEnv::start(moto.moto).await;
-    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
-    ready_nodes(&env, &instances);
+    let instances = run_instances(&env.api, &env.cloud, 4, 0, "m5.large").await;
+    let names = ready_nodes(&env, &instances[..2]);
     let ctx = env.context(cfg());
     assert!(ctx.nodes.wait_synced().await);
     assert!(ctx.services.wait_synced().await);
-    env.proxy.clear_counts();
     tokio::spawn(service::run(ctx.clone()));
     let services = Api::<Service>::namespaced(env.client.clone(), "default");
     let interval = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval";
+    let target_type = "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type";
     let proxy_protocol = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+    env.proxy.clear_counts();
+    // Invalid from the start: no load balancer, a Warning naming the key and the value.
     services
         .create(
             &PostParams::default(),
@@ -552,13 +624,32 @@ async fn invalid_or_unsupported_annotations_are_warnings_naming_the_key_without_
         )
         .await
         .unwrap();
+    // An AWS Load Balancer Controller key and a classic-ELB key: ignored (one Warning).
     services
         .create(
             &PostParams::default(),
-            &lb_service("old-style", json!({proxy_protocol: "*"}), json!({})),
+            &lb_service(
+                "unknown",
+                json!({target_type: "instance", proxy_protocol: "*"}),
+                json!({}),
+            ),
         )
         .await
         .unwrap();
+    // Valid at first, an invalid value later.
+    services
+        .create(
+            &PostParams::default(),
+            &lb_service("later", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    for name in ["unknown", "later"] {
+        eventually_async(&format!("{name}'s ingress hostname"), WAIT, || async {
+            ingress_hostname(&stored_service(&env, name).await)
+        })
+        .await;
+    }
     let e = eventually(
         "a Warning event naming the interval annotation",
         WAIT,
@@ -566,24 +657,99 @@ async fn invalid_or_unsupported_annotations_are_warnings_naming_the_key_without_
     )
     .await;
     assert_eq!(e["type"], "Warning");
+    assert_eq!(e["involvedObject"]["name"], "bad-interval");
     assert!(e["message"].as_str().unwrap().contains("\"soon\""), "{e}");
-    let e = eventually(
-        "a Warning event naming the proxy-protocol annotation",
-        WAIT,
-        || events_with(&env, proxy_protocol).into_iter().next(),
-    )
-    .await;
-    assert!(
-        e["message"].as_str().unwrap().contains("proxy_protocol_v2"),
-        "{e}"
-    );
+    assert!(ingress_hostname(&stored_service(&env, "bad-interval").await).is_none());
     assert_eq!(
-        env.proxy.total(),
-        0,
-        "no AWS call for an invalid Service: {:?}",
+        env.proxy.count("CreateLoadBalancer"),
+        2,
+        "{:?}",
         env.proxy.counts()
     );
-    assert!(ingress_hostname(&stored_service(&env, "bad-interval").await).is_none());
+
+    services
+        .patch(
+            "later",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {interval: "often"}}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "a Warning event naming later's invalid interval",
+        WAIT,
+        || events_with(&env, "\"often\"").into_iter().next(),
+    )
+    .await;
+
+    let mut groups = groups_of_service(&env, "unknown").await;
+    groups.extend(groups_of_service(&env, "later").await);
+    assert_eq!(groups.len(), 4);
+    let ids = |idx: &[usize]| -> BTreeSet<String> {
+        idx.iter().map(|i| instances[*i].id.clone()).collect()
+    };
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[0, 1]), "the first two nodes").await;
+    }
+    // Node churn: a node added, a node excluded, a node deleted.
+    let added = ready_nodes(&env, &instances[2..3]);
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[0, 1, 2]), "the added node registered").await;
+    }
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    nodes
+        .patch(
+            &names[0],
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"node.kubernetes.io/exclude-from-external-load-balancers": ""}}})),
+        )
+        .await
+        .unwrap();
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[1, 2]), "the excluded node deregistered").await;
+    }
+    nodes
+        .delete(&names[1], &DeleteParams::default())
+        .await
+        .unwrap();
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[2]), "the deleted node deregistered").await;
+    }
+    // A Ready node whose instance is stopped is never sent to RegisterTargets.
+    ec2(
+        &env.api,
+        "StopInstances",
+        &[("InstanceId.1", &instances[3].id)],
+    )
+    .await;
+    ready_nodes(&env, &instances[3..4]);
+    let excluded = added[0].clone();
+    nodes
+        .patch(
+            &excluded,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"churn": "1"}}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for g in &groups {
+        wait_targets(&env, g, &ids(&[2]), "the stopped instance is no target").await;
+    }
+    assert_eq!(
+        env.proxy.count("!InvalidTarget"),
+        0,
+        "no stopped instance sent: {:?}",
+        env.proxy.counts()
+    );
+
+    // The ignored keys: one Warning for the Service, naming both, however often it synced.
+    let warned = events_of(&env, "unknown", "IgnoredAnnotations");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let m = warned[0]["message"].as_str().unwrap();
+    assert!(m.contains(target_type) && m.contains(proxy_protocol), "{m}");
+    assert_eq!(warned[0]["type"], "Warning");
+    assert!(events_of(&env, "later", "IgnoredAnnotations").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -794,57 +960,6 @@ async fn routes_are_created_for_pod_cidrs_and_removed_with_their_nodes() {
 
 // ---- Credentials ------------------------------------------------------------------------------
 
-/// moto with IAM enforcement: the first four calls are free (they create a user with an
-/// allow-all policy and its access key); every later call needs that key.
-async fn moto_with_iam() -> (Moto, String, String) {
-    let moto = Moto::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", "4")]);
-    let api = direct_client(&moto.url());
-    let iam = ccm_provider_aws::api::Endpoint {
-        service: "iam",
-        version: "2010-05-08",
-        url: moto.url(),
-        signing_region: REGION.into(),
-        signing_name: "iam".into(),
-    };
-    let call = |action: &'static str, params: Vec<(&'static str, String)>| {
-        let (api, iam) = (&api, iam.clone());
-        async move {
-            let mut p = ccm_provider_aws::api::Params::new();
-            for (k, v) in params {
-                p.set(k, v);
-            }
-            api.call(&iam, action, &p)
-                .await
-                .unwrap_or_else(|e| panic!("{action}: {e}"))
-        }
-    };
-    call("CreateUser", vec![("UserName", "ccm".into())]).await;
-    let key = call("CreateAccessKey", vec![("UserName", "ccm".into())]).await;
-    let policy =
-        r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}"#;
-    let arn = first(
-        &call(
-            "CreatePolicy",
-            vec![
-                ("PolicyName", "all".into()),
-                ("PolicyDocument", policy.into()),
-            ],
-        )
-        .await,
-        "Arn",
-    );
-    call(
-        "AttachUserPolicy",
-        vec![("UserName", "ccm".into()), ("PolicyArn", arn)],
-    )
-    .await;
-    (
-        moto,
-        first(&key, "AccessKeyId"),
-        first(&key, "SecretAccessKey"),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_a_clear_error_and_delete_no_node_and_rotated_keys_are_picked_up() {
     let (moto, key, secret) = moto_with_iam().await;
@@ -1007,6 +1122,13 @@ async fn a_slow_cloud_runs_into_the_call_deadline_and_the_next_call_works() {
         "{:?}",
         started.elapsed()
     );
+    // The message names the AWS action and the endpoint it was waiting for.
+    let waiting = format!(
+        "no answer from ec2 DescribeInstances at {}",
+        env.proxy.url()
+    );
+    assert!(e.message().contains(&waiting), "{e}");
+
     env.proxy.set_delay(Duration::ZERO);
     let md = env
         .provider
@@ -1018,4 +1140,436 @@ async fn a_slow_cloud_runs_into_the_call_deadline_and_the_next_call_works() {
         md.provider_id,
         format!("aws:///{}/{}", instances[0].zone, instances[0].id)
     );
+
+    // So does the event of a load balancer sync that runs into the deadline.
+    env.proxy.set_delay(Duration::from_secs(3));
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    Api::<Service>::namespaced(env.client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &lb_service("slow", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    let ev = eventually("a deadline event naming the AWS call", WAIT, || {
+        events_with(&env, "call deadline exceeded")
+            .into_iter()
+            .next()
+    })
+    .await;
+    let m = ev["message"].as_str().unwrap();
+    assert!(
+        m.contains("no answer from ") && m.contains(&format!(" at {}", env.proxy.url())),
+        "{m}"
+    );
+    assert!(
+        ["DescribeInstances", "DescribeLoadBalancers", "DescribeTags"]
+            .iter()
+            .any(|a| m.contains(a)),
+        "{m}"
+    );
+    env.proxy.set_delay(Duration::ZERO);
+}
+
+// ---- Adoption ---------------------------------------------------------------------------------
+
+/// The AWS CCM's `buildTargetGroupName`, computed outside the plugin (Python's hashlib in the
+/// moto venv): `k8s-<ns8>-<name8>-<sha1 10 hex>` over cluster ID, namespace, name, port,
+/// NodePort, target protocol, target type, health check protocol and interval, concatenated.
+#[allow(clippy::too_many_arguments)]
+fn aws_ccm_target_group_name(
+    cluster: &str,
+    ns: &str,
+    name: &str,
+    port: u16,
+    node_port: u16,
+    protocol: &str,
+    hc_protocol: &str,
+    hc_interval: u32,
+) -> String {
+    let python = moto_server_path().parent().unwrap().join("python");
+    let input =
+        format!("{cluster}{ns}{name}{port}{node_port}{protocol}instance{hc_protocol}{hc_interval}");
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import hashlib,re,sys; ns,n,s=sys.argv[1:4]; c=lambda x: re.sub('[^A-Za-z0-9]','',x)[:8]; print('k8s-%s-%s-%s' % (c(ns), c(n), hashlib.sha1(s.encode()).hexdigest()[:10]))",
+            ns,
+            name,
+            &input,
+        ])
+        .output()
+        .expect("python of the moto venv");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The state adoption must not change: load balancers, target groups (ARN and name), listeners.
+async fn elb_state(env: &AwsEnv) -> (Vec<String>, Vec<(String, String)>, Vec<String>) {
+    let lbs = all(
+        &elb(&env.api, "DescribeLoadBalancers", &[]).await,
+        "LoadBalancerArn",
+    );
+    let mut tgs: Vec<(String, String)> = env
+        .api
+        .all_target_groups()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.arn, t.name))
+        .collect();
+    tgs.sort();
+    let mut listeners = Vec::new();
+    for lb in &lbs {
+        listeners.extend(
+            env.api
+                .listeners_of(lb)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|l| l.arn),
+        );
+    }
+    listeners.sort();
+    (lbs, tgs, listeners)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nlb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anything() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 3, 0, "m5.large").await;
+    ready_nodes(&env, &instances[..2]);
+    // The Service the AWS CCM served: it exists before ccm-host starts.
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    // One TCP port: the AWS CCM refuses mixed protocols.
+    let mut handed = lb_service(
+        "handed",
+        json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}),
+        json!({}),
+    );
+    handed
+        .spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    let svc = services
+        .create(&PostParams::default(), &handed)
+        .await
+        .unwrap();
+    let uid = svc.metadata.uid.clone().unwrap().replace('-', "");
+    let lb_name: String = format!("a{uid}").chars().take(32).collect();
+    // What the AWS CCM's ensureLoadBalancerv2 creates (aws_loadbalancer.go): the NLB with the
+    // ownership tags, per port a target group named by buildTargetGroupName with its NLB
+    // health check defaults (TCP, traffic-port, 30 s, 3/3; no timeout sent), the nodes
+    // registered on the NodePort, a listener forwarding to it; every resource tagged the same.
+    let cluster_tag = format!("kubernetes.io/cluster/{CLUSTER}");
+    let tag_params = |p: &mut Vec<(String, String)>| {
+        for (i, (k, v)) in [
+            ("kubernetes.io/service-name", "default/handed"),
+            (cluster_tag.as_str(), "owned"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            p.push((format!("Tags.member.{}.Key", i + 1), k.to_string()));
+            p.push((format!("Tags.member.{}.Value", i + 1), v.to_string()));
+        }
+    };
+    let call = |action: &'static str, p: Vec<(String, String)>| {
+        let api = &env.api;
+        async move {
+            let refs: Vec<(&str, &str)> = p.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            elb(api, action, &refs).await
+        }
+    };
+    let mut p = vec![
+        ("Name".to_string(), lb_name.clone()),
+        ("Type".into(), "network".into()),
+        ("Scheme".into(), "internet-facing".into()),
+    ];
+    for (i, (_, subnet)) in env.cloud.subnets.iter().enumerate() {
+        p.push((
+            format!("SubnetMappings.member.{}.SubnetId", i + 1),
+            subnet.clone(),
+        ));
+    }
+    tag_params(&mut p);
+    let lb_arn = first(&call("CreateLoadBalancer", p).await, "LoadBalancerArn");
+    for (port, protocol, node_port) in [(80u16, "TCP", 30080u16)] {
+        let name = aws_ccm_target_group_name(
+            CLUSTER, "default", "handed", port, node_port, protocol, "TCP", 30,
+        );
+        let mut p = vec![
+            ("Name".to_string(), name),
+            ("Protocol".into(), protocol.into()),
+            ("Port".into(), node_port.to_string()),
+            ("VpcId".into(), env.cloud.vpc.clone()),
+            ("HealthCheckProtocol".into(), "TCP".into()),
+            ("HealthCheckPort".into(), "traffic-port".into()),
+            ("HealthCheckIntervalSeconds".into(), "30".into()),
+            ("HealthyThresholdCount".into(), "3".into()),
+            ("UnhealthyThresholdCount".into(), "3".into()),
+            ("TargetType".into(), "instance".into()),
+        ];
+        tag_params(&mut p);
+        let tg = first(&call("CreateTargetGroup", p).await, "TargetGroupArn");
+        let mut p = vec![("TargetGroupArn".to_string(), tg.clone())];
+        for (i, inst) in instances[..2].iter().enumerate() {
+            p.push((format!("Targets.member.{}.Id", i + 1), inst.id.clone()));
+            p.push((
+                format!("Targets.member.{}.Port", i + 1),
+                node_port.to_string(),
+            ));
+        }
+        call("RegisterTargets", p).await;
+        let mut p = vec![
+            ("LoadBalancerArn".to_string(), lb_arn.clone()),
+            ("Port".into(), port.to_string()),
+            ("Protocol".into(), protocol.into()),
+            ("DefaultActions.member.1.Type".into(), "forward".into()),
+            ("DefaultActions.member.1.TargetGroupArn".into(), tg),
+        ];
+        tag_params(&mut p);
+        call("CreateListener", p).await;
+    }
+    // updateInstanceSecurityGroupsForNLB: the client rule on the nodes' group (no health rule:
+    // the clients, 0.0.0.0/0 over TCP on the traffic port, cover the health checks), and the
+    // MTU discovery rule.
+    let sg = describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    for (proto, from, to, desc) in [
+        (
+            "tcp",
+            "30080",
+            "30080",
+            format!("kubernetes.io/rule/nlb/client={lb_name}"),
+        ),
+        ("icmp", "3", "4", "kubernetes.io/rule/nlb/mtu".to_string()),
+    ]
+    .iter()
+    {
+        ec2(
+            &env.api,
+            "AuthorizeSecurityGroupIngress",
+            &[
+                ("GroupId", &sg),
+                ("IpPermissions.1.IpProtocol", proto),
+                ("IpPermissions.1.FromPort", from),
+                ("IpPermissions.1.ToPort", to),
+                ("IpPermissions.1.IpRanges.1.CidrIp", "0.0.0.0/0"),
+                ("IpPermissions.1.IpRanges.1.Description", desc),
+            ],
+        )
+        .await;
+    }
+    let rules_before = sg_rules(&env, &sg).await;
+    let before = elb_state(&env).await;
+    assert_eq!((before.0.len(), before.1.len(), before.2.len()), (1, 1, 1));
+
+    // ccm-host takes over (same cluster ID): the Service gets the existing NLB's hostname.
+    env.proxy.clear_counts();
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let lb = env
+        .api
+        .describe_load_balancer(&lb_name)
+        .await
+        .unwrap()
+        .unwrap();
+    let hostname = eventually_async(
+        "the adopted NLB's hostname on the Service",
+        WAIT,
+        || async { ingress_hostname(&stored_service(&env, "handed").await) },
+    )
+    .await;
+    assert_eq!(hostname, lb.dns_name);
+    // Targets are then maintained: a new node joins every group.
+    ready_nodes(&env, &instances[2..3]);
+    let all_ids: BTreeSet<String> = instances.iter().map(|i| i.id.clone()).collect();
+    for (arn, _) in &before.1 {
+        wait_targets(
+            &env,
+            arn,
+            &all_ids,
+            "the new node registered in the adopted group",
+        )
+        .await;
+    }
+    let after = elb_state(&env).await;
+    assert_eq!(before, after, "nothing created or deleted");
+    let counts = env.proxy.counts();
+    let changed: Vec<&String> = counts
+        .keys()
+        .filter(|k| {
+            ["Create", "Delete", "Modify", "Authorize", "Revoke"]
+                .iter()
+                .any(|p| k.starts_with(p))
+        })
+        .collect();
+    assert!(changed.is_empty(), "changes: {counts:?}");
+    assert_eq!(
+        sg_rules(&env, &sg).await,
+        rules_before,
+        "the AWS CCM's rules adopted as they are"
+    );
+    println!("adoption calls: {counts:?}");
+}
+
+// ---- Security groups --------------------------------------------------------------------------
+
+/// The CIDR rules of security group `sg` as `(protocol, from, to, cidr, description)`.
+async fn sg_rules(env: &AwsEnv, sg: &str) -> BTreeSet<(String, i32, i32, String, String)> {
+    let ids = [sg.to_string()];
+    env.api
+        .describe_security_groups(&[("group-id", &ids[..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|g| g.ingress)
+        .map(|r| (r.protocol, r.from, r.to, r.cidr, r.description))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_ranges_end_as_exactly_those_cidrs_on_the_nodes_security_group() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let described = describe(&env.api, &[instances[0].id.clone()]).await;
+    let sg = described[0].security_groups[0].clone();
+    // A rule of someone else's: never touched.
+    ec2(
+        &env.api,
+        "AuthorizeSecurityGroupIngress",
+        &[
+            ("GroupId", &sg),
+            ("IpPermissions.1.IpProtocol", "tcp"),
+            ("IpPermissions.1.FromPort", "22"),
+            ("IpPermissions.1.ToPort", "22"),
+            ("IpPermissions.1.IpRanges.1.CidrIp", "203.0.113.0/24"),
+        ],
+    )
+    .await;
+    let manual = (
+        "tcp".to_string(),
+        22,
+        22,
+        "203.0.113.0/24".to_string(),
+        String::new(),
+    );
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let mut svc = lb_service(
+        "guarded",
+        json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}),
+        json!({"loadBalancerSourceRanges": ["10.1.0.0/16", "192.168.5.0/24"]}),
+    );
+    svc.spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    eventually_async("the Service's ingress hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "guarded").await)
+    })
+    .await;
+    let lb = lb_name_of(&stored_service(&env, "guarded").await);
+    let client = format!("kubernetes.io/rule/nlb/client={lb}");
+    let health = format!("kubernetes.io/rule/nlb/health={lb}");
+    let of = |rules: &BTreeSet<(String, i32, i32, String, String)>, d: &str| -> BTreeSet<String> {
+        rules
+            .iter()
+            .filter(|r| r.4 == d)
+            .map(|r| format!("{}:{}-{}:{}", r.0, r.1, r.2, r.3))
+            .collect()
+    };
+    let rules = sg_rules(&env, &sg).await;
+    assert_eq!(
+        of(&rules, &client),
+        BTreeSet::from([
+            "tcp:30080-30080:10.1.0.0/16".to_string(),
+            "tcp:30080-30080:192.168.5.0/24".to_string()
+        ]),
+        "{rules:?}"
+    );
+    // Health checks from the NLB's subnets; MTU discovery from the clients.
+    let subnets: BTreeSet<String> = env
+        .api
+        .describe_subnets(&[("vpc-id", &[env.cloud.vpc.clone()][..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| format!("tcp:30080-30080:{}", s.cidr))
+        .collect();
+    assert_eq!(of(&rules, &health), subnets, "{rules:?}");
+    assert_eq!(
+        of(&rules, "kubernetes.io/rule/nlb/mtu"),
+        BTreeSet::from([
+            "icmp:3-4:10.1.0.0/16".to_string(),
+            "icmp:3-4:192.168.5.0/24".to_string()
+        ])
+    );
+    assert!(rules.contains(&manual));
+
+    // New ranges: exactly those afterwards.
+    services
+        .patch(
+            "guarded",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"loadBalancerSourceRanges": ["172.16.0.0/12"]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // (The MTU rule is reconciled right after the client rules, in the same pass.)
+    eventually_async(
+        "only the new range allowed, MTU discovery too",
+        WAIT,
+        || async {
+            let rules = sg_rules(&env, &sg).await;
+            (of(&rules, &client) == BTreeSet::from(["tcp:30080-30080:172.16.0.0/12".to_string()])
+                && of(&rules, "kubernetes.io/rule/nlb/mtu")
+                    == BTreeSet::from(["icmp:3-4:172.16.0.0/12".to_string()]))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Deletion removes every rule the provider made, and nothing else.
+    services
+        .delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the Service gone", WAIT, || async {
+        services
+            .get_opt("guarded")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let rules = sg_rules(&env, &sg).await;
+    assert!(
+        rules
+            .iter()
+            .all(|r| !r.4.starts_with("kubernetes.io/rule/nlb/")),
+        "{rules:?}"
+    );
+    assert!(rules.contains(&manual), "{rules:?}");
 }

@@ -48,6 +48,8 @@ pub struct Instance {
     pub subnet_id: Option<String>,
     /// Network interfaces.
     pub interfaces: Vec<Interface>,
+    /// Security groups attached (`groupSet`).
+    pub security_groups: Vec<String>,
     /// Tags.
     pub tags: BTreeMap<String, String>,
 }
@@ -94,8 +96,109 @@ fn parse_instance(n: Node<'_, '_>) -> Instance {
                     .collect(),
             })
             .collect(),
+        security_groups: {
+            // The instance's groups; moto lists them only on the network interfaces (AWS: on
+            // both), so the primary interface's groups otherwise.
+            let own: Vec<String> = list(n, "groupSet")
+                .filter_map(|g| string(g, "groupId"))
+                .collect();
+            if own.is_empty() {
+                list(n, "networkInterfaceSet")
+                    .filter(|i| {
+                        child(*i, "attachment")
+                            .and_then(|a| number::<u32>(a, "deviceIndex"))
+                            .unwrap_or(0)
+                            == 0
+                    })
+                    .flat_map(|i| list(i, "groupSet").filter_map(|g| string(g, "groupId")))
+                    .collect()
+            } else {
+                own
+            }
+        },
         tags: tags(n, "tagSet"),
     }
+}
+
+/// One ingress rule of a security group, flattened to one source CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IngressRule {
+    /// `tcp`, `udp`, `icmp`, `-1`.
+    pub protocol: String,
+    /// From port (ICMP: type).
+    pub from: i32,
+    /// To port (ICMP: code).
+    pub to: i32,
+    /// IPv4 or IPv6 CIDR.
+    pub cidr: String,
+    /// The rule's description (how the AWS CCM recognises its own rules).
+    pub description: String,
+}
+
+/// A security group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecurityGroup {
+    /// `sg-...`.
+    pub id: String,
+    /// VPC.
+    pub vpc_id: String,
+    /// Ingress rules from CIDRs (rules from other groups are not listed).
+    pub ingress: Vec<IngressRule>,
+    /// Tags.
+    pub tags: BTreeMap<String, String>,
+}
+
+fn parse_security_group(n: Node<'_, '_>) -> SecurityGroup {
+    let mut ingress = Vec::new();
+    for p in list(n, "ipPermissions") {
+        let protocol = string(p, "ipProtocol").unwrap_or_default();
+        let from = number(p, "fromPort").unwrap_or(-1);
+        let to = number(p, "toPort").unwrap_or(-1);
+        for (set, field) in [("ipRanges", "cidrIp"), ("ipv6Ranges", "cidrIpv6")] {
+            for r in list(p, set) {
+                if let Some(cidr) = string(r, field) {
+                    ingress.push(IngressRule {
+                        protocol: protocol.clone(),
+                        from,
+                        to,
+                        cidr,
+                        description: string(r, "description").unwrap_or_default(),
+                    });
+                }
+            }
+        }
+    }
+    SecurityGroup {
+        id: string(n, "groupId").unwrap_or_default(),
+        vpc_id: string(n, "vpcId").unwrap_or_default(),
+        ingress,
+        tags: tags(n, "tagSet"),
+    }
+}
+
+fn ingress_params(group: &str, rules: &[IngressRule]) -> Params {
+    let mut p = Params::new();
+    p.set("GroupId", group);
+    for (i, r) in rules.iter().enumerate() {
+        let k = format!("IpPermissions.{}", i + 1);
+        p.set(format!("{k}.IpProtocol"), r.protocol.as_str());
+        p.set(format!("{k}.FromPort"), r.from.to_string());
+        p.set(format!("{k}.ToPort"), r.to.to_string());
+        if r.cidr.contains(':') {
+            p.set(format!("{k}.Ipv6Ranges.1.CidrIpv6"), r.cidr.as_str());
+            p.set(
+                format!("{k}.Ipv6Ranges.1.Description"),
+                r.description.as_str(),
+            );
+        } else {
+            p.set(format!("{k}.IpRanges.1.CidrIp"), r.cidr.as_str());
+            p.set(
+                format!("{k}.IpRanges.1.Description"),
+                r.description.as_str(),
+            );
+        }
+    }
+    p
 }
 
 /// An availability zone.
@@ -334,6 +437,56 @@ impl AwsClient {
         self.ec2_call("DeleteRoute", &p).await.map(drop)
     }
 
+    /// DescribeSecurityGroups with filters, every page.
+    pub async fn describe_security_groups(
+        &self,
+        filters: &[(&str, &[String])],
+    ) -> Result<Vec<SecurityGroup>, AwsError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut p = Params::new();
+            p.ec2_filters(filters);
+            if let Some(t) = &token {
+                p.set("NextToken", t.as_str());
+            }
+            let body = self.ec2_call("DescribeSecurityGroups", &p).await?;
+            let doc = parse(EC2, "DescribeSecurityGroups", &body)?;
+            let root = doc.root_element();
+            out.extend(list(root, "securityGroupInfo").map(parse_security_group));
+            token = string(root, "nextToken");
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// AuthorizeSecurityGroupIngress of `rules` (one permission per rule).
+    pub async fn authorize_ingress(
+        &self,
+        group: &str,
+        rules: &[IngressRule],
+    ) -> Result<(), AwsError> {
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let p = ingress_params(group, rules);
+        self.ec2_call("AuthorizeSecurityGroupIngress", &p)
+            .await
+            .map(drop)
+    }
+
+    /// RevokeSecurityGroupIngress of `rules`.
+    pub async fn revoke_ingress(&self, group: &str, rules: &[IngressRule]) -> Result<(), AwsError> {
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let p = ingress_params(group, rules);
+        self.ec2_call("RevokeSecurityGroupIngress", &p)
+            .await
+            .map(drop)
+    }
+
     /// ModifyInstanceAttribute `SourceDestCheck` (routed pod traffic needs it off).
     pub async fn set_source_dest_check(
         &self,
@@ -375,6 +528,32 @@ mod tests {
         assert_eq!(i.interfaces[0].ipv6, vec!["2600::1"]);
         assert_eq!(i.interfaces[1].private_ips, vec!["10.0.1.4"]);
         assert_eq!(i.tags["Name"], "n1");
+    }
+
+    #[test]
+    fn a_security_group_parses_flattened() {
+        let xml = r#"<R><securityGroupInfo><item><groupId>sg-1</groupId><vpcId>vpc-1</vpcId>
+<ipPermissions><item><ipProtocol>tcp</ipProtocol><fromPort>30080</fromPort><toPort>30080</toPort>
+<ipRanges><item><cidrIp>10.1.0.0/16</cidrIp><description>kubernetes.io/rule/nlb/client=a1</description></item><item><cidrIp>10.2.0.0/16</cidrIp></item></ipRanges>
+<ipv6Ranges><item><cidrIpv6>fd00::/8</cidrIpv6></item></ipv6Ranges></item></ipPermissions>
+<tagSet><item><key>kubernetes.io/cluster/c</key><value>owned</value></item></tagSet></item></securityGroupInfo></R>"#;
+        let doc = roxmltree::Document::parse(xml).unwrap();
+        let g = parse_security_group(
+            list(doc.root_element(), "securityGroupInfo")
+                .next()
+                .unwrap(),
+        );
+        assert_eq!(g.id, "sg-1");
+        assert_eq!(g.ingress.len(), 3);
+        assert_eq!(g.ingress[0].description, "kubernetes.io/rule/nlb/client=a1");
+        assert_eq!((g.ingress[0].from, g.ingress[0].to), (30080, 30080));
+        assert_eq!(g.ingress[2].cidr, "fd00::/8");
+        let p = ingress_params("sg-1", &g.ingress[..1]);
+        let enc = p.encode("AuthorizeSecurityGroupIngress", "2016-11-15");
+        assert!(
+            enc.contains("IpPermissions.1.IpRanges.1.CidrIp=10.1.0.0%2F16"),
+            "{enc}"
+        );
     }
 
     #[test]

@@ -373,6 +373,35 @@ impl AwsClient {
         }
     }
 
+    /// DescribeTargetGroups by ARN (those that exist; at most 20 per call).
+    pub async fn target_groups_by_arn(
+        &self,
+        arns: &[String],
+    ) -> Result<Vec<TargetGroup>, AwsError> {
+        let mut out = Vec::new();
+        for chunk in arns.chunks(20) {
+            let mut p = Params::new();
+            p.member_list("TargetGroupArns", chunk);
+            match self.elb_call("DescribeTargetGroups", &p).await {
+                Ok(body) => {
+                    let doc = parse(ELB, "DescribeTargetGroups", &body)?;
+                    out.extend(list(result(&doc), "TargetGroups").map(parse_tg));
+                }
+                // One unknown ARN fails the whole call: ask one by one.
+                Err(e) if e.code() == "TargetGroupNotFound" && chunk.len() > 1 => {
+                    for arn in chunk {
+                        out.extend(
+                            Box::pin(self.target_groups_by_arn(std::slice::from_ref(arn))).await?,
+                        );
+                    }
+                }
+                Err(e) if e.code() == "TargetGroupNotFound" => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// Every target group of the account and region (pages of 400).
     pub async fn all_target_groups(&self) -> Result<Vec<TargetGroup>, AwsError> {
         let mut out = Vec::new();

@@ -41,6 +41,8 @@ const NO_PERMISSION: &[&str] = &[
     "AccessDeniedException",
     "OptInRequired",
     "Blocked",
+    // No credentials found by the chain (set by the client, not by AWS).
+    "NoCredentials",
 ];
 
 /// Codes of server-side trouble worth one more try.

@@ -227,7 +227,12 @@ impl AwsClient {
         let mut refreshed = false;
         loop {
             attempt += 1;
+            let entry = crate::runtime::InFlight::start(format!(
+                "{} {action} at {}",
+                endpoint.service, endpoint.url
+            ));
             let result = self.send(endpoint, action, &body).await;
+            entry.done();
             self.counts.total.fetch_add(1, Ordering::Relaxed);
             let e = match result {
                 Ok(text) => return Ok(text),
@@ -260,8 +265,13 @@ impl AwsClient {
             service,
             action: action.to_string(),
             status: None,
-            code: "NoCredentials".into(),
-            message: e.to_string(),
+            // None found (unauthorized) or a source that failed for now (retried).
+            code: if e.kind() == ccm_provider_abi::ErrorKind::UNAUTHORIZED {
+                "NoCredentials".into()
+            } else {
+                "CredentialsUnavailable".into()
+            },
+            message: e.message().to_string(),
         })?;
         let url = format!("{}/", endpoint.url);
         let content_type = "application/x-www-form-urlencoded; charset=utf-8";

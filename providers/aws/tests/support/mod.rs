@@ -262,7 +262,7 @@ impl Proxy {
         format!("http://{}", self.addr)
     }
 
-    /// Calls seen, by action.
+    /// Calls seen, by action; error answers as `!<Code>`, signing keys as `@<access key id>`.
     pub fn counts(&self) -> BTreeMap<String, u64> {
         self.state.counts.lock().unwrap().clone()
     }
@@ -272,9 +272,14 @@ impl Proxy {
         self.counts().get(action).copied().unwrap_or(0)
     }
 
-    /// Every call seen.
+    /// Every call seen (error answers and signing keys, counted as `!<Code>` and `@<key>`
+    /// too, are not added).
     pub fn total(&self) -> u64 {
-        self.counts().values().sum()
+        self.counts()
+            .iter()
+            .filter(|(k, _)| !k.starts_with('!') && !k.starts_with('@'))
+            .map(|(_, v)| v)
+            .sum()
     }
 
     pub fn clear_counts(&self) {
@@ -364,6 +369,19 @@ async fn serve(
         .unwrap_or("?")
         .to_string();
     *st.counts.lock().unwrap().entry(action.clone()).or_default() += 1;
+    // The access key each call was signed with, counted as `@<key id>`.
+    let head_text = String::from_utf8_lossy(&head);
+    if let Some(key) = head_text
+        .split_once("Credential=")
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(k, _)| k.to_string())
+    {
+        *st.counts
+            .lock()
+            .unwrap()
+            .entry(format!("@{key}"))
+            .or_default() += 1;
+    }
     let delay = st.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay.into())).await;
@@ -400,7 +418,229 @@ async fn serve(
     up.write_all(&body).await?;
     let mut resp = Vec::new();
     up.read_to_end(&mut resp).await?;
+    // Error answers are counted as `!<Code>` (e.g. `!InvalidTarget`).
+    let text = String::from_utf8_lossy(&resp);
+    let failed = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .is_some_and(|s| s >= 400);
+    if let Some(code) = failed
+        .then_some(&text)
+        .and_then(|text| text.split_once("<Code>"))
+        .and_then(|(_, rest)| rest.split_once("</Code>"))
+        .map(|(c, _)| c.to_string())
+    {
+        *st.counts
+            .lock()
+            .unwrap()
+            .entry(format!("!{code}"))
+            .or_default() += 1;
+    }
     conn.write_all(&resp).await?;
+    conn.shutdown().await
+}
+
+/// moto with IAM enforcement: the first four calls are free (they create a user with an
+/// allow-all policy and its access key); every later call needs that key.
+pub async fn moto_with_iam() -> (Moto, String, String) {
+    moto_with_iam_and_role(false).await
+}
+
+/// The role that a web identity token, and the user `ccm` (standing in for EC2 handing out
+/// the instance role), may assume (allow-all policy); created by [`moto_with_iam_and_role`].
+pub const WEB_IDENTITY_ROLE: &str = "arn:aws:iam::123456789012:role/ccm-irsa";
+
+/// [`moto_with_iam`], plus (with `role`) the role [`WEB_IDENTITY_ROLE`] with the same policy.
+pub async fn moto_with_iam_and_role(role: bool) -> (Moto, String, String) {
+    let free = if role { "6" } else { "4" };
+    let moto = Moto::start(&[("INITIAL_NO_AUTH_ACTION_COUNT", free)]);
+    let api = direct_client(&moto.url());
+    let iam = ccm_provider_aws::api::Endpoint {
+        service: "iam",
+        version: "2010-05-08",
+        url: moto.url(),
+        signing_region: REGION.into(),
+        signing_name: "iam".into(),
+    };
+    let call = |action: &'static str, params: Vec<(&'static str, String)>| {
+        let (api, iam) = (&api, iam.clone());
+        async move {
+            let mut p = ccm_provider_aws::api::Params::new();
+            for (k, v) in params {
+                p.set(k, v);
+            }
+            api.call(&iam, action, &p)
+                .await
+                .unwrap_or_else(|e| panic!("{action}: {e}"))
+        }
+    };
+    call("CreateUser", vec![("UserName", "ccm".into())]).await;
+    let key = call("CreateAccessKey", vec![("UserName", "ccm".into())]).await;
+    let policy =
+        r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}"#;
+    let arn = first(
+        &call(
+            "CreatePolicy",
+            vec![
+                ("PolicyName", "all".into()),
+                ("PolicyDocument", policy.into()),
+            ],
+        )
+        .await,
+        "Arn",
+    );
+    call(
+        "AttachUserPolicy",
+        vec![("UserName", "ccm".into()), ("PolicyArn", arn.clone())],
+    )
+    .await;
+    if role {
+        let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Federated":"arn:aws:iam::123456789012:oidc-provider/oidc.example"},"Action":"sts:AssumeRoleWithWebIdentity"},{"Effect":"Allow","Principal":{"AWS":"arn:aws:iam::123456789012:user/ccm"},"Action":"sts:AssumeRole"}]}"#;
+        call(
+            "CreateRole",
+            vec![
+                ("RoleName", "ccm-irsa".into()),
+                ("AssumeRolePolicyDocument", trust.into()),
+            ],
+        )
+        .await;
+        call(
+            "AttachRolePolicy",
+            vec![("RoleName", "ccm-irsa".into()), ("PolicyArn", arn)],
+        )
+        .await;
+    }
+    (
+        moto,
+        first(&key, "AccessKeyId"),
+        first(&key, "SecretAccessKey"),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// A stand-in for the EC2 instance metadata service (IMDSv2)
+// ---------------------------------------------------------------------------------------------
+
+/// What the stand-in serves.
+#[derive(Default)]
+pub struct ImdsState {
+    pub region: Mutex<String>,
+    /// `(role, access key, secret, session token)` of the instance profile.
+    pub role: Mutex<Option<(String, String, String, String)>>,
+    /// Requests seen, `METHOD path` (token requests included).
+    pub seen: Mutex<Vec<String>>,
+    /// Metadata requests that came without a valid session token (refused with 401).
+    pub without_token: AtomicU32,
+}
+
+/// IMDSv2 on 127.0.0.1: `PUT /latest/api/token` (with the TTL header) gives a session token;
+/// every `GET` must carry it in `x-aws-ec2-metadata-token` (else 401, as EC2 answers).
+pub struct ImdsStandIn {
+    pub addr: SocketAddr,
+    pub state: Arc<ImdsState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const IMDS_TOKEN: &str = "stand-in-session-token";
+
+impl ImdsStandIn {
+    pub async fn start(region: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind IMDS");
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ImdsState::default());
+        *state.region.lock().unwrap() = region.to_string();
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let _ = imds_serve(conn, st).await;
+                });
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_role_session(&self, role: &str, key: &str, secret: &str, token: &str) {
+        *self.state.role.lock().unwrap() =
+            Some((role.into(), key.into(), secret.into(), token.into()));
+    }
+
+    pub fn seen(&self) -> Vec<String> {
+        self.state.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ImdsStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn imds_serve(mut conn: TcpStream, st: Arc<ImdsState>) -> std::io::Result<()> {
+    let Some((head, _body)) = read_request(&mut conn).await? else {
+        return Ok(());
+    };
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let mut lines = head.split("\r\n");
+    let first = lines.next().unwrap_or_default().to_string();
+    let mut parts = first.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_string();
+    let path = parts.next().unwrap_or_default().to_string();
+    let header = |name: &str| {
+        head.split("\r\n").find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    st.seen.lock().unwrap().push(format!("{method} {path}"));
+    let (status, body) = if method == "PUT" && path == "/latest/api/token" {
+        if header("x-aws-ec2-metadata-token-ttl-seconds").is_some() {
+            (200, IMDS_TOKEN.to_string())
+        } else {
+            (400, String::new())
+        }
+    } else if header("x-aws-ec2-metadata-token").as_deref() != Some(IMDS_TOKEN) {
+        st.without_token.fetch_add(1, Ordering::SeqCst);
+        (401, String::new())
+    } else if path == "/latest/meta-data/placement/region" {
+        (200, st.region.lock().unwrap().clone())
+    } else if let Some(rest) = path.strip_prefix("/latest/meta-data/iam/security-credentials/") {
+        match st.role.lock().unwrap().clone() {
+            None => (404, String::new()),
+            Some((role, _, _, _)) if rest.is_empty() => (200, role),
+            Some((role, key, secret, token)) if rest == role => {
+                let expires = "2099-01-01T00:00:00Z";
+                (
+                    200,
+                    json!({
+                        "Code": "Success", "LastUpdated": "2026-01-01T00:00:00Z",
+                        "Type": "AWS-HMAC", "AccessKeyId": key, "SecretAccessKey": secret,
+                        "Token": token, "Expiration": expires,
+                    })
+                    .to_string(),
+                )
+            }
+            Some(_) => (404, String::new()),
+        }
+    } else {
+        (404, String::new())
+    };
+    let resp = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nx-aws-ec2-metadata-token-ttl-seconds: 21600\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(resp.as_bytes()).await?;
     conn.shutdown().await
 }
 
@@ -751,16 +991,12 @@ impl AwsEnv {
             "aws plugin refused: {:?}",
             registry.refused()
         );
+        // The factory gets the default deadline (a loaded machine can take over a second to
+        // start the plugin's runtime); the calls get the test's.
         let provider = registry
-            .create(
-                "aws",
-                Some(config.as_bytes()),
-                &ProviderOptions {
-                    call_timeout: opts.call_timeout,
-                    ..Default::default()
-                },
-            )
-            .expect("aws provider builds");
+            .create("aws", Some(config.as_bytes()), &ProviderOptions::default())
+            .expect("aws provider builds")
+            .with_call_timeout(opts.call_timeout);
         provider
             .initialize(HostServices::new(
                 CLUSTER,
