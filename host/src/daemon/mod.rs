@@ -198,6 +198,14 @@ async fn run_embedded(
             &check_name("cloud-provider-calls", a),
             Arc::new(move || provider.call_health()),
         );
+        // A method whose calls hang (up to the pool's per-method cap) has its calls refused
+        // alone: from then on it has a /readyz check of its own,
+        // `cloud-provider-calls-<Method>` (`cloud-provider-calls-<name>-<Method>` with several
+        // providers), which passes again once they return.
+        let (ready, prefix) = (health.clone(), check_name("cloud-provider-calls", a));
+        a.provider.on_method_refused(move |method, check| {
+            ready.add_ready_check(&format!("{prefix}-{method}"), check);
+        });
     }
     if args.secure_port != 0 {
         let serving = serving::start(&args, &settings, health.clone(), registry.clone(), &stop);
