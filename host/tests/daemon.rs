@@ -513,11 +513,23 @@ async fn a_hung_method_is_refused_alone_and_load_balancers_are_still_served() {
         );
         let (code, ready) = get("/readyz?verbose").expect("readyz answers");
         if code == 503 && refused_at.is_none() {
+            // Named at the root path (the reason withheld), told at the check's own path.
             assert!(
-                ready.contains("cloud-provider-calls-InstanceExists failed")
-                    && ready.contains("InstanceExists calls are refused"),
+                ready.contains("[-]cloud-provider-calls-InstanceExists failed: reason withheld"),
                 "{ready}"
             );
+            let (_, why) = get("/readyz/cloud-provider-calls-InstanceExists").unwrap();
+            assert!(why.contains("InstanceExists calls are refused"), "{why}");
+            // Not to anonymous callers.
+            let anonymous = tokio::task::block_in_place(|| {
+                https::get(
+                    replica.port,
+                    "/readyz/cloud-provider-calls-InstanceExists",
+                    None,
+                )
+            })
+            .unwrap();
+            assert_eq!(anonymous.0, 403, "{anonymous:?}");
             refused_at = Some(started.elapsed());
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

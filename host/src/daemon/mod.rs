@@ -194,10 +194,9 @@ async fn run_embedded(
         // the pool's cap) has its calls refused; /healthz says so, so a liveness probe restarts
         // a host that only a restart can free (provider::pool).
         let provider = a.provider.clone();
-        health.add_check(
-            &check_name("cloud-provider-calls", a),
-            Arc::new(move || provider.call_health()),
-        );
+        let calls: http::Check = Arc::new(move || provider.call_health());
+        health.add_check(&check_name("cloud-provider-calls", a), calls.clone());
+        health.add_live_check(&check_name("cloud-provider-calls", a), calls);
         // A method whose calls hang (up to the pool's per-method cap) has its calls refused
         // alone: from then on it has a /readyz check of its own,
         // `cloud-provider-calls-<Method>` (`cloud-provider-calls-<name>-<Method>` with several
