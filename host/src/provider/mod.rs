@@ -38,7 +38,7 @@ use ccm_provider_abi::abi::{
 };
 use ccm_provider_abi::ext::{ExtCapabilities, ProviderExtBox};
 use ccm_provider_abi::types::AbiRoute;
-use ccm_provider_abi::{CallContext, InstanceMetadata, ProviderError, Route, Zone};
+use ccm_provider_abi::{CallContext, ErrorKind, InstanceMetadata, ProviderError, Route, Zone};
 use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use serde::Serialize;
@@ -409,6 +409,36 @@ impl Provider {
 
         let timeout = self.call_timeout.unwrap_or(self.inner.options.call_timeout);
         let epoch = throttle.epoch();
+        let deadline = tokio::time::Instant::now() + timeout;
+        // An identical call still running in the plugin (hung past its deadline included):
+        // wait for its answer within this call's deadline instead of taking another thread.
+        if let Some(key) = &key {
+            if let Some(mut joined) = self.inner.pool.join::<Result<T, ProviderError>>(key) {
+                metrics.coalesced.get_or_create(&method).inc();
+                let outcome = tokio::time::timeout_at(deadline, &mut joined).await;
+                drop(joined);
+                let answered = match outcome {
+                    // It ended by its own cancellation (its caller's deadline or departure):
+                    // not an answer to this caller, which asks for itself below.
+                    Ok(Ok(Err(e)))
+                        if e.kind() == ErrorKind::CANCELLED
+                            || e.kind() == ErrorKind::DEADLINE_EXCEEDED =>
+                    {
+                        None
+                    }
+                    Ok(Ok(result)) => Some(result.and_then(|value| limits::check(op, value))),
+                    Ok(Err(_)) => None,
+                    // Still running: nothing to cancel (it is not this caller's call).
+                    Err(_) => Some(Err(ProviderError::deadline_exceeded(format!(
+                        "{op} did not return within {timeout:?} (waiting for an identical call still running in the plugin)"
+                    )))),
+                };
+                if let Some(result) = answered {
+                    return self.finish_call(op, epoch, started, result);
+                }
+            }
+        }
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
         let ctx = CallContext::new(Some(timeout));
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
@@ -419,12 +449,7 @@ impl Provider {
             crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result())
         });
         let mut task = match submitted {
-            Ok(task) => {
-                if task.joined() {
-                    metrics.coalesced.get_or_create(&method).inc();
-                }
-                task
-            }
+            Ok(task) => task,
             Err(refused) => {
                 guard.0 = None;
                 return Err(self.count_error(op, ProviderError::other(refused)));
@@ -457,20 +482,31 @@ impl Provider {
                 )))
             }
         };
-        metrics
+        self.finish_call(op, epoch, started, result)
+    }
+
+    /// The end of every call: duration, throttling bookkeeping, error metrics.
+    fn finish_call<T>(
+        &self,
+        op: &'static str,
+        epoch: u64,
+        started: std::time::Instant,
+        result: Result<T, ProviderError>,
+    ) -> Result<T, ProviderError> {
+        self.inner
+            .metrics
             .duration
-            .get_or_create(&method)
+            .get_or_create(&MethodLabels { method: op })
             .observe(started.elapsed().as_secs_f64());
-        let result = match result {
+        match result {
             Ok(v) => {
-                throttle.on_success(epoch);
+                self.inner.throttle.on_success(epoch);
                 Ok(v)
             }
-            Err(e) => Err(self.throttled(op, epoch, e)),
-        };
-        match result {
-            Ok(v) => Ok(v),
-            Err(e) => Err(self.count_error(op, e)),
+            Err(e) => {
+                let e = self.throttled(op, epoch, e);
+                Err(self.count_error(op, e))
+            }
         }
     }
 

@@ -15,8 +15,9 @@
 //!   makes that thread *hung*: it no longer counts as a worker, so a new one can start, and it
 //!   ends as soon as the plugin returns;
 //! - a call with a [`CallKey`] identical to one whose thread is still running, hung or not,
-//!   *joins* it: it waits (within its own deadline) for that thread's answer instead of starting
-//!   another thread. Asking the same question of a plugin that ignores cancellation again and
+//!   *joins* it ([`CallPool::join`]): it waits (within its own deadline) for that thread's
+//!   answer instead of starting another thread (an answer that is the joined call's own
+//!   cancellation is not this caller's: the provider layer then makes its own call). Asking the same question of a plugin that ignores cancellation again and
 //!   again (the lifecycle loop asks about every NotReady node each pass) costs one thread per
 //!   distinct question, not one per pass;
 //! - hung calls are contained **per method**: at [`METHOD_HUNG_CAP`] hung threads of one method,
@@ -374,10 +375,32 @@ impl CallPool {
         )
     }
 
-    /// Queue `f` as a call of `method`, or join the call with the same `key` still queued or
-    /// running (hung included), or refuse it at once (`Err` with the reason) while `method`, or
-    /// the provider as a whole, has too many hung calls. Joining is never refused: it starts no
-    /// thread.
+    /// Join the call with `key` still queued or running (hung included): wait for its answer
+    /// instead of starting another call. `None` when there is none. Never refused: it starts
+    /// no thread. (The caller decides what to do with an answer that is the joined call's own
+    /// cancellation.)
+    pub fn join<T: Clone + Send + 'static>(&self, key: &CallKey) -> Option<PoolCall<T>> {
+        let (tx, rx) = oneshot::channel();
+        let mut state = self.lock();
+        let id = *state.by_key.get(key)?;
+        let slot = state.slots.get_mut(&id)?;
+        let senders = slot
+            .senders
+            .downcast_mut::<Vec<oneshot::Sender<Answer<T>>>>()?;
+        senders.retain(|s| !s.is_closed());
+        senders.push(tx);
+        slot.waiting += 1;
+        Some(PoolCall {
+            id,
+            pool: self.clone(),
+            answer: rx,
+            joined: true,
+        })
+    }
+
+    /// Queue `f` as a call of `method` (known by `key` to [`CallPool::join`] while it is queued
+    /// or running), or refuse it at once (`Err` with the reason) while `method`, or the
+    /// provider as a whole, has too many hung calls.
     pub fn submit<T, F>(
         &self,
         method: &'static str,
@@ -390,26 +413,6 @@ impl CallPool {
     {
         let (tx, rx) = oneshot::channel();
         let mut state = self.lock();
-        if let Some(key) = &key {
-            if let Some(&id) = state.by_key.get(key) {
-                if let Some(slot) = state.slots.get_mut(&id) {
-                    if let Some(senders) = slot
-                        .senders
-                        .downcast_mut::<Vec<oneshot::Sender<Answer<T>>>>()
-                    {
-                        senders.retain(|s| !s.is_closed());
-                        senders.push(tx);
-                        slot.waiting += 1;
-                        return Ok(PoolCall {
-                            id,
-                            pool: self.clone(),
-                            answer: rx,
-                            joined: true,
-                        });
-                    }
-                }
-            }
-        }
         if let Some(message) = self.refusal(&state, method) {
             drop(state);
             self.shared
@@ -793,7 +796,9 @@ mod tests {
         assert_eq!(p.hung(), 1);
         assert!(p.is_hung(&key("Q", 1).unwrap()));
         // Asked again, five times: all join the hung call, no new thread.
-        let again: Vec<_> = (0..5).map(|_| submit(1)).collect();
+        let again: Vec<_> = (0..5)
+            .map(|_| p.join::<u8>(&key("Q", 1).unwrap()).unwrap())
+            .collect();
         assert!(again.iter().all(|c| c.joined() && c.id == id));
         assert_eq!(p.hung(), 1);
         // A different question is a call of its own.

@@ -1260,6 +1260,9 @@ fn provider_expectations(
             classes: spec.load_balancer_classes.clone(),
             ignore_classless: !spec.classless,
         },
+        shared_addresses: provider
+            .ext_capabilities()
+            .contains(ccm_provider_abi::ext::ExtCapabilities::LB_SHARED_ADDRESSES),
     }
 }
 
