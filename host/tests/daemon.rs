@@ -204,6 +204,34 @@ fn invalid_flags_report_every_problem_and_exit_2() {
 }
 
 #[test]
+fn an_oversized_cloud_config_is_one_line_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(100 * 1024 * 1024)
+        .unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--cloud-provider", "fake", "--plugin-dir"])
+        .arg(plugin_dir(dir.path()))
+        .arg("--cloud-config")
+        .arg(&big)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(
+        errors,
+        [format!(
+            "error: cannot read --cloud-config {}: larger than 16 MiB, the most accepted",
+            big.display()
+        )],
+        "{stderr}"
+    );
+}
+
+#[test]
 fn unknown_provider_is_fatal_with_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)

@@ -1385,3 +1385,25 @@ fn the_hybrid_scenario_converges_with_each_provider_on_its_own() {
         report["events"]
     );
 }
+
+/// Sizes are checked before anything is allocated for them: one line, exit 2.
+#[test]
+fn oversized_generated_scenes_are_refused_before_allocation() {
+    for (flag, value) in [("--nodes", "100000000"), ("--services", "100001")] {
+        let out = Command::new(BIN)
+            .args(["sandbox", flag, value])
+            .stdin(Stdio::null())
+            .output()
+            .expect("ccm-host runs");
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(
+            errors,
+            [format!(
+                "error: {flag} {value}: at most 100000 (the sandbox holds the whole scene in memory)"
+            )],
+            "{stderr}"
+        );
+    }
+}

@@ -244,7 +244,7 @@ pub async fn main(args: CheckArgs, max_log_level: u8) -> anyhow::Result<i32> {
     };
     let config = match &args.cloud_config {
         None => None,
-        Some(path) => match std::fs::read(path) {
+        Some(path) => match crate::args::read_input_file(path) {
             Ok(bytes) => Some(bytes),
             Err(e) => return Ok(usage(format!("--cloud-config {}: {e}", path.display()))),
         },

@@ -696,7 +696,7 @@ fn read_cloud_config(path: Option<&Path>) -> Result<Option<cloud_config::ConfigF
             // The file's identity before its bytes: a change in between is seen at the first
             // look of the reload watch.
             let stamp = cloud_config::Stamp::of(path).ok();
-            let bytes = std::fs::read(path)
+            let bytes = crate::args::read_input_file(path)
                 .map_err(|e| format!("cannot read --cloud-config {}: {e}", path.display()))?;
             Some(cloud_config::ConfigFile::new(path, stamp, bytes))
         }

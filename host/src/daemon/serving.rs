@@ -100,8 +100,18 @@ pub fn serving_cert(
     let cert: PathBuf = dir.join(format!("{PAIR_NAME}.crt"));
     let key: PathBuf = dir.join(format!("{PAIR_NAME}.key"));
     if cert.is_file() && key.is_file() {
+        // Never through a symlink (a planted one would hand us another file).
         let read = |p: &Path| {
-            std::fs::read(p).map_err(|e| format!("--cert-dir: cannot read {}: {e}", p.display()))
+            use std::io::Read;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut out = Vec::new();
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(p)
+                .and_then(|mut f| f.read_to_end(&mut out))
+                .map(|_| out)
+                .map_err(|e| format!("--cert-dir: cannot read {}: {e}", p.display()))
         };
         return Ok(ServingCert {
             cert_pem: read(&cert)?,
@@ -132,14 +142,27 @@ fn write_pair(
         .recursive(true)
         .mode(0o755)
         .create(dir)?;
-    // The key is written first and never readable by others, as upstream's keyutil.WriteKey.
+    // The key is written first and never readable by others, as upstream's keyutil.WriteKey:
+    // never through a symlink (O_NOFOLLOW), only into a regular file, and with its mode set
+    // whatever a file that was there had (a pre-created 0666 key file becomes 0600 before the
+    // key is written into it).
     for (path, pem, mode) in [(key, key_pem, 0o600), (cert, cert_pem, 0o644)] {
+        use std::os::unix::fs::PermissionsExt;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(mode)
-            .open(path)?;
+            .open(path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        if !f.metadata()?.is_file() {
+            return Err(std::io::Error::other(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.set_len(0)?;
         f.write_all(pem)?;
         f.sync_all()?;
     }
@@ -666,6 +689,26 @@ mod tests {
         let in_memory = serving_cert(None, None, unspecified).unwrap();
         assert_eq!(in_memory.origin, "self-signed, in memory");
         assert_ne!(in_memory.cert_pem, first.cert_pem);
+
+        // A planted symlink is not followed, and a pre-created world-writable key file ends
+        // up 0600.
+        let planted = dir.path().join("planted");
+        std::fs::create_dir(&planted).unwrap();
+        let target = dir.path().join("elsewhere.crt");
+        std::os::unix::fs::symlink(&target, planted.join("cloud-controller-manager.crt")).unwrap();
+        let e = serving_cert(None, Some(&planted), unspecified)
+            .err()
+            .unwrap();
+        assert!(e.contains("cloud-controller-manager.crt"), "{e}");
+        assert!(!target.exists(), "the symlink's target was not written");
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let key = open.join("cloud-controller-manager.key");
+        std::fs::write(&key, "").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o666)).unwrap();
+        serving_cert(None, Some(&open), unspecified).unwrap();
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
 
         let garbage = dir.path().join("garbage.pem");
         std::fs::write(&garbage, "hello").unwrap();
