@@ -41,3 +41,46 @@ pub enum OutputFormat {
     /// JSON.
     Json,
 }
+
+/// The largest `--cloud-config` or `--scenario` file read (16 MiB): a cloud config is a few KB,
+/// a fake cloud of 5,000 instances about 500 KB; a 100 MB file cost about 240 MB of memory to
+/// parse, near a 256 Mi container limit.
+pub const MAX_INPUT_FILE: u64 = 16 * 1024 * 1024;
+
+/// Read an input file of at most [`MAX_INPUT_FILE`] bytes; a larger one is an error saying so
+/// (without reading more than one byte past the limit).
+pub fn read_input_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_INPUT_FILE + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > MAX_INPUT_FILE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "larger than {} MiB, the most accepted",
+                MAX_INPUT_FILE / (1024 * 1024)
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod input_file_tests {
+    use super::*;
+
+    #[test]
+    fn input_files_over_the_limit_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small");
+        std::fs::write(&small, "stateDir: /x\n").unwrap();
+        assert_eq!(read_input_file(&small).unwrap(), b"stateDir: /x\n");
+        let big = dir.path().join("big");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_INPUT_FILE + 1).unwrap();
+        let e = read_input_file(&big).unwrap_err();
+        assert_eq!(e.to_string(), "larger than 16 MiB, the most accepted");
+    }
+}

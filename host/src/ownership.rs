@@ -209,6 +209,39 @@ impl Ownership {
         }
     }
 
+    /// The provider a node without a providerID names itself by its own label or annotation,
+    /// and which of the two (`label topology.kubernetes.io/platform=aws`): `None` when the node
+    /// has a providerID, names no platform, or a platform no provider owns.
+    pub fn declared_owner(&self, node: &Node) -> Option<(usize, String)> {
+        let has_provider_id = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .is_some_and(|p| !p.is_empty());
+        if has_provider_id {
+            return None;
+        }
+        let meta = &node.metadata;
+        let (kind, key, value) = match meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(PLATFORM_LABEL))
+            .filter(|v| !v.trim().is_empty())
+        {
+            Some(v) => ("label", PLATFORM_LABEL, v),
+            None => (
+                "annotation",
+                PLATFORM_ANNOTATION,
+                meta.annotations
+                    .as_ref()
+                    .and_then(|a| a.get(PLATFORM_ANNOTATION))
+                    .filter(|v| !v.trim().is_empty())?,
+            ),
+        };
+        let owner = self.owner_of_platform(value)?;
+        Some((owner, format!("{kind} {key}={value}")))
+    }
+
     /// Does provider `index` handle `node`? Everything when ownership is not enforced.
     pub fn handles(&self, index: usize, node: &Node) -> bool {
         !self.inner.enforced || self.owner(node) == Owner::Provider(index)

@@ -41,6 +41,16 @@ pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-co
 /// load balancer a Service has, written with the cleanup finalizer.
 pub const LB_PROVIDER_ANNOTATION: &str = "ccm-host/load-balancer-provider";
 
+// Service condition types.
+
+/// Beyond upstream, with ownership enforced: the host's own record of the provider whose load
+/// balancer a Service has, a `status.conditions` entry (message: the provider's name) written
+/// through `services/status` with the cleanup finalizer. Unlike [`LB_PROVIDER_ANNOTATION`] it
+/// cannot be changed by whoever may edit the Service.
+pub const LB_PROVIDER_CONDITION: &str = "ccm-host/LoadBalancerProvider";
+/// The reason of [`LB_PROVIDER_CONDITION`].
+pub const LB_PROVIDER_CONDITION_REASON: &str = "LoadBalancerProvisioned";
+
 // Finalizers.
 
 /// The finalizer that keeps a Service until its load balancer is gone.

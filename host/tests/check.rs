@@ -375,6 +375,42 @@ fn broken_providers_fail_exactly_the_checks_they_break() {
     }
 }
 
+/// A plugin whose UpdateLoadBalancer ignores its hosts and that offers no host read-back (as
+/// a plugin that never wrote one) passes `check`, with `lb-hosts` skipped; `--strict` fails
+/// that skip (exit 1) and nothing else.
+#[test]
+fn strict_fails_a_skip_that_hides_the_hosts_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "broken.conf",
+        "ccm-check-1\nccm-check-2\nccm-check-3\n",
+    );
+    let args = [
+        "--cloud-provider",
+        "broken-no-readback",
+        "--cloud-config",
+        &config,
+        "-o",
+        "json",
+    ];
+    let run = check(dir.path(), &args);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.with_status("skip"), ["instances-batch", "lb-hosts"]);
+    assert!(run.checks()["lb-hosts"].1.contains("no host read-back"));
+    let strict: Vec<&str> = args.iter().copied().chain(["--strict"]).collect();
+    let run = check(dir.path(), &strict);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.with_status("fail"), ["lb-hosts"]);
+    // Bulk lookups are an optimisation, not a contract: still a skip.
+    assert_eq!(run.with_status("skip"), ["instances-batch"]);
+    let detail = &run.checks()["lb-hosts"].1;
+    assert!(
+        detail.starts_with("--strict: skipped (no host read-back"),
+        "{detail}"
+    );
+}
+
 /// `ccm-host check` with a call deadline of `deadline`, timed.
 fn timed_check(dir: &Path, provider: &str, config: &str, deadline: &str) -> (Run, Duration) {
     let started = Instant::now();

@@ -392,9 +392,18 @@ async fn the_providers_health_is_the_cloud_provider_check_of_readyz() {
         let (_, body) = wait_until("/readyz fails", || {
             d.get("/readyz").filter(|(code, _)| *code == 503)
         });
+        // The reason is withheld at the root path and told at the check's own (the test's
+        // token is authorized for it).
         assert_eq!(
             body,
-            "[-]cloud-provider failed: cloud provider fake: credentials rejected\nreadyz check failed\n"
+            "[-]cloud-provider failed: reason withheld\nreadyz check failed\n"
+        );
+        assert_eq!(
+            d.get("/readyz/cloud-provider"),
+            Some((
+                503,
+                "internal server error: cloud provider fake: credentials rejected\n".into()
+            ))
         );
         assert_eq!(
             d.get("/healthz").map(|(code, _)| code),

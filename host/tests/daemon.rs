@@ -26,6 +26,17 @@ impl Replica {
     /// Start `ccm-host run` with the fake provider. Leader election runs with short timings
     /// (4s/3s/1s) unless `extra` sets `--leader-elect-lease-duration` (then it sets all three).
     fn start(dir: &Path, name: &str, kubeconfig: &Path, extra: &[&str]) -> Replica {
+        Self::start_with_config(dir, name, kubeconfig, "", extra)
+    }
+
+    /// [`Replica::start`] with more lines in the fake's `--cloud-config` (after `stateDir`).
+    fn start_with_config(
+        dir: &Path,
+        name: &str,
+        kubeconfig: &Path,
+        config_extra: &str,
+        extra: &[&str],
+    ) -> Replica {
         let fast_lease: &[&str] = if extra
             .iter()
             .any(|a| a.starts_with("--leader-elect-lease-duration"))
@@ -47,7 +58,11 @@ impl Replica {
         let state_dir = dir.join(format!("state-{name}"));
         std::fs::create_dir_all(&state_dir).unwrap();
         let config = dir.join(format!("cloud-{name}.yaml"));
-        std::fs::write(&config, format!("stateDir: {}\n", state_dir.display())).unwrap();
+        std::fs::write(
+            &config,
+            format!("stateDir: {}\n{config_extra}", state_dir.display()),
+        )
+        .unwrap();
         let port = free_port();
         let child = Command::new(BIN)
             .arg("run")
@@ -185,6 +200,34 @@ fn invalid_flags_report_every_problem_and_exit_2() {
     assert!(stderr.contains("error: --cloud-provider cannot be empty"));
     assert!(
         stderr.contains("error: --controllers: \"bogus\" is not in the list of known controllers")
+    );
+}
+
+#[test]
+fn an_oversized_cloud_config_is_one_line_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(100 * 1024 * 1024)
+        .unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--cloud-provider", "fake", "--plugin-dir"])
+        .arg(plugin_dir(dir.path()))
+        .arg("--cloud-config")
+        .arg(&big)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(
+        errors,
+        [format!(
+            "error: cannot read --cloud-config {}: larger than 16 MiB, the most accepted",
+            big.display()
+        )],
+        "{stderr}"
     );
 }
 
@@ -378,6 +421,173 @@ async fn all_controllers_run_end_to_end_in_the_real_binary() {
     assert_eq!(
         svc["metadata"]["finalizers"][0],
         "service.kubernetes.io/load-balancer-cleanup"
+    );
+}
+
+/// The value of the series `name` (with its labels, e.g. `m{method="X"}`) in a scrape.
+fn series(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// One hung method does not take the provider down (issue 28): `InstanceExists` hangs and
+/// ignores its cancellation (the fake's `stuck`), 20 nodes are NotReady, the call timeout is
+/// 1 s and the lifecycle pass runs every second. For `CCM_HUNG_METHOD_SECS` (default 60) the
+/// hung threads of the method stay at most one per distinct question (20), the method ends up
+/// refused on its own with its own `/readyz` check naming it, `/healthz` stays ok, and load
+/// balancers are still created and deleted the whole time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_method_is_refused_alone_and_load_balancers_are_still_served() {
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{Api, DeleteParams, PostParams};
+    const NODES: usize = 20;
+    let secs: u64 = std::env::var("CCM_HUNG_METHOD_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let ctl = server.controls();
+    for i in 0..NODES {
+        ctl.seed(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("node-{i}")},
+            "spec": {"providerID": format!("fake://node-{i}")},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]}
+        }))
+        .unwrap();
+    }
+    https::allow_test_token(&server);
+    let replica = Replica::start_with_config(
+        dir.path(),
+        "hung",
+        &kubeconfig,
+        "stuck: [InstanceExists]\n",
+        &[
+            "--leader-elect=false",
+            "--provider-call-timeout",
+            "1s",
+            "--node-monitor-period",
+            "1s",
+            "--controllers",
+            "cloud-node-lifecycle,service-lb-controller",
+        ],
+    );
+    let services: Api<Service> = Api::namespaced(server.client(), "default");
+    let get = |path: &str| tokio::task::block_in_place(|| replica.get(path));
+    let started = Instant::now();
+    let (mut max_hung, mut cycles, mut refused_at) = (0.0_f64, 0, None);
+    while started.elapsed() < Duration::from_secs(secs) || refused_at.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(secs + 60),
+            "InstanceExists never refused; log tail:\n{}",
+            tail(&replica.read_log(), 30)
+        );
+        // A load balancer created and deleted, start to end, while InstanceExists hangs.
+        let name = format!("lb-{cycles}");
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}
+        }))
+        .unwrap();
+        services.create(&PostParams::default(), &svc).await.unwrap();
+        let t = Instant::now();
+        loop {
+            let s = services.get(&name).await.unwrap();
+            let ip = s
+                .status
+                .and_then(|st| st.load_balancer)
+                .and_then(|lb| lb.ingress)
+                .is_some_and(|i| i.iter().any(|i| i.ip.is_some()));
+            if ip {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no ingress for {name} after {:?}; log tail:\n{}",
+                started.elapsed(),
+                tail(&replica.read_log(), 30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        services
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let t = Instant::now();
+        while services.get_opt(&name).await.unwrap().is_some() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{name} not cleaned up; log tail:\n{}",
+                tail(&replica.read_log(), 30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        cycles += 1;
+        let (code, metrics) = get("/metrics").expect("metrics answer");
+        assert_eq!(code, 200);
+        let hung = series(
+            &metrics,
+            "ccm_provider_calls_hung{method=\"InstanceExists\"}",
+        )
+        .unwrap_or(0.0);
+        max_hung = max_hung.max(hung);
+        assert!(
+            hung <= NODES as f64,
+            "{hung} hung InstanceExists threads for {NODES} nodes"
+        );
+        let (code, ready) = get("/readyz?verbose").expect("readyz answers");
+        if code == 503 && refused_at.is_none() {
+            // Named at the root path (the reason withheld), told at the check's own path.
+            assert!(
+                ready.contains("[-]cloud-provider-calls-InstanceExists failed: reason withheld"),
+                "{ready}"
+            );
+            let (_, why) = get("/readyz/cloud-provider-calls-InstanceExists").unwrap();
+            assert!(why.contains("InstanceExists calls are refused"), "{why}");
+            // Not to anonymous callers.
+            let anonymous = tokio::task::block_in_place(|| {
+                https::get(
+                    replica.port,
+                    "/readyz/cloud-provider-calls-InstanceExists",
+                    None,
+                )
+            })
+            .unwrap();
+            assert_eq!(anonymous.0, 403, "{anonymous:?}");
+            refused_at = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (code, health) = get("/healthz").expect("healthz answers");
+    assert_eq!(
+        (code, health.as_str()),
+        (200, "ok"),
+        "the provider is not down"
+    );
+    let (code, ready) = get("/readyz/cloud-provider-calls-InstanceExists").unwrap();
+    assert_eq!(code, 503, "{ready}");
+    let (_, metrics) = get("/metrics").unwrap();
+    let refused = series(
+        &metrics,
+        "ccm_provider_calls_refused_total{method=\"InstanceExists\"}",
+    )
+    .unwrap_or(0.0);
+    let log = replica.read_log();
+    println!(
+        "{secs}s: {cycles} load balancers created and deleted; InstanceExists refused after {refused_at:?}, \
+         at most {max_hung} hung threads for {NODES} nodes, {refused} calls refused; threads now {:?}",
+        series(&metrics, "ccm_provider_call_threads")
+    );
+    assert!(cycles >= 3, "{cycles} load balancers in {secs}s");
+    assert!(max_hung >= 1.0);
+    assert!(
+        log.contains("node(s) not checked this pass"),
+        "the lifecycle pass skips open questions; log tail:\n{}",
+        tail(&log, 30)
     );
 }
 

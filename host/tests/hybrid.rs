@@ -1337,6 +1337,142 @@ fn load_balancer_hosts_all_hands_the_provider_every_eligible_node() {
     }
 }
 
+/// Ownership that users cannot forge (issue 28): whoever may edit a Service rewrites its
+/// `ccm-host/load-balancer-provider` annotation from metal to fake and deletes it. The owner
+/// stays metal (the host's record in status, and the class): metal releases its address and
+/// drops the finalizer, with a Warning event saying the annotation was ignored; the fake is
+/// never asked about the Service. A node that names its platform by its own annotation is
+/// claimed with an event naming that annotation.
+#[test]
+fn a_rewritten_provider_annotation_does_not_move_a_load_balancers_cleanup() {
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let cluster = Cluster::start();
+    let clouds = Clouds::write(
+        &cluster,
+        &["{name: f-1}"],
+        "",
+        &["{name: m-1, id: rack1-01}", "{name: m-2, id: rack1-02}"],
+    );
+    cluster.seed(node("f-1", true, provider_id("fake://f-1")));
+    cluster.seed(node("m-1", true, provider_id("metal://rack1-01")));
+    cluster.seed(node(
+        "m-2",
+        true,
+        with(
+            tainted(),
+            json!({"metadata": {"annotations": {PLATFORM_ANNOTATION: "metal"}}}),
+        ),
+    ));
+    cluster.seed(lb_service("metal-web", Some("metal-lb")));
+    let host = Host::start(
+        &cluster,
+        "hijack",
+        &clouds.run_args(&["--load-balancer-class=metal-lb=metal"]),
+    );
+    let ip = eventually("metal's load balancer and its record", &[&host], || {
+        let svc = cluster.service("metal-web");
+        let ip = ingress_ip(&svc).ok_or("metal-web has no ingress")?;
+        cluster
+            .metal_allocation("metal-web")
+            .ok_or("no metal allocation")?;
+        let recorded = svc["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["type"] == "ccm-host/LoadBalancerProvider")
+            })
+            .map(|c| c["message"].clone());
+        if recorded != Some(json!("metal")) {
+            return Err(format!("no record of the owner in status: {recorded:?}"));
+        }
+        Ok(ip)
+    });
+    assert!(!in_fake_pool(&ip), "{ip} is metal's");
+    // The node that names its platform by annotation was claimed with an event saying so.
+    wait_for_events(
+        &cluster,
+        &[&host],
+        &[("Node", "m-2", "CloudProviderClaimedNode", "", "")],
+    );
+    let claimed = cluster
+        .events_about("Node", "m-2")
+        .into_iter()
+        .find(|e| e.reason == "CloudProviderClaimedNode")
+        .unwrap();
+    assert!(
+        claimed.message.contains("metal")
+            && claimed
+                .message
+                .contains(&format!("annotation {PLATFORM_ANNOTATION}=metal")),
+        "{claimed:?}"
+    );
+
+    // The hijack: the annotation names the fake, then the Service is deleted.
+    let api: kube::Api<Service> = kube::Api::namespaced(cluster.server.client(), "default");
+    let body = json!({"metadata": {"annotations": {LB_PROVIDER_ANNOTATION: "fake"}}});
+    cluster
+        .rt
+        .block_on(api.patch("metal-web", &PatchParams::default(), &Patch::Merge(&body)))
+        .unwrap();
+    cluster
+        .rt
+        .block_on(api.delete("metal-web", &DeleteParams::default()))
+        .unwrap();
+    eventually(
+        "metal-web gone and metal's address released",
+        &[&host],
+        || {
+            if cluster
+                .ctl
+                .get("services", "default", "metal-web")
+                .is_some()
+            {
+                return Err("metal-web still exists".into());
+            }
+            if let Some(a) = cluster.metal_allocation("metal-web") {
+                return Err(format!("metal still allocates {a}"));
+            }
+            Ok(())
+        },
+    );
+    wait_for_events(
+        &cluster,
+        &[&host],
+        &[
+            (
+                "Service",
+                "metal-web",
+                "LoadBalancerProviderAnnotationIgnored",
+                "service-controller/metal",
+                "",
+            ),
+            (
+                "Service",
+                "metal-web",
+                "DeletedLoadBalancer",
+                "service-controller/metal",
+                "",
+            ),
+        ],
+    );
+    assert_eq!(host.stop(), Some(0), "SIGTERM exits 0\n{}", host.tail(40));
+    let events = cluster.events_about("Service", "metal-web");
+    assert!(
+        events.iter().all(|e| !e.component.ends_with("/fake")),
+        "the fake acted on metal-web: {events:?}"
+    );
+    let asked: Vec<String> = fake_calls(&clouds.fake_state)
+        .iter()
+        .filter(|c| c.args["service"] == "default/metal-web")
+        .map(|c| c.call.clone())
+        .collect();
+    assert!(
+        asked.is_empty(),
+        "the fake was asked about metal-web: {asked:?}"
+    );
+}
+
 // ---- 5: flags ----------------------------------------------------------------------------------
 
 /// `ccm-host run` with `args` (and the cluster's plugin directory) until it exits: (exit code,
@@ -1997,7 +2133,7 @@ fn metrics_and_health_checks_are_per_provider() {
         &[&host],
         || match host.get("/readyz") {
             Some((503, body))
-                if body.contains("[-]cloud-provider-fake failed: cloud provider fake: ")
+                if body.contains("[-]cloud-provider-fake failed: reason withheld")
                     && body.contains("[+]cloud-provider-fake-v1 ok")
                     && !body.contains("cloud-provider-metal") =>
             {
@@ -2006,7 +2142,10 @@ fn metrics_and_health_checks_are_per_provider() {
             other => Err(format!("/readyz: {other:?}")),
         },
     );
-    assert!(readyz.contains("credentials rejected"), "{readyz}");
+    assert!(!readyz.contains("credentials rejected"), "{readyz}");
+    let (code, reason) = host.get("/readyz/cloud-provider-fake").unwrap();
+    assert_eq!(code, 503);
+    assert!(reason.contains("credentials rejected"), "{reason}");
     assert_eq!(
         host.get("/readyz/cloud-provider-fake-v1"),
         Some((200, "ok".to_string()))

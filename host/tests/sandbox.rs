@@ -1197,6 +1197,42 @@ fn the_cloud_view_is_the_controllers_provider_and_a_string_cloud_config_is_verba
     assert_eq!(routed, ["ccm-check-1", "ccm-check-2"], "{cloud:#}");
 }
 
+/// `ccm-host check`'s distinct-address rule in the sandbox: a provider that gives every
+/// Service the same address without declaring shared addresses does not converge, and the
+/// summary says why (exit 1).
+#[test]
+fn services_sharing_an_address_do_not_converge_unless_the_provider_declares_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(
+        &scenario,
+        "nodes:\n  - {name: ccm-check-1}\n\
+         services:\n  - {name: web, ports: [{port: 80}]}\n  - {name: api, ports: [{port: 80}]}\n\
+         cloudConfig: |\n  ccm-check-1\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("sandbox")
+        .arg("--plugin-dir")
+        .arg(broken_fixture_dir(dir.path()))
+        .args(["--cloud-provider", "broken-same-ip", "--scenario"])
+        .arg(&scenario)
+        .args(["--progress", "lines", "--timeout", "20s"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("ccm-host runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let all = format!("{stdout}{stderr}");
+    assert!(
+        all.contains(
+            "services default/web, default/api all got 192.0.2.1 from provider broken-same-ip"
+        ) && all.contains("lb-distinct"),
+        "{all}"
+    );
+}
+
 /// A plugin directory with the fake and metal plugins, as cargo built them for this test run.
 fn fake_and_metal_dir(dir: &Path) -> PathBuf {
     let plugins = plugin_dir(dir);
@@ -1348,4 +1384,26 @@ fn the_hybrid_scenario_converges_with_each_provider_on_its_own() {
         "{:#}\n{stderr}",
         report["events"]
     );
+}
+
+/// Sizes are checked before anything is allocated for them: one line, exit 2.
+#[test]
+fn oversized_generated_scenes_are_refused_before_allocation() {
+    for (flag, value) in [("--nodes", "100000000"), ("--services", "100001")] {
+        let out = Command::new(BIN)
+            .args(["sandbox", flag, value])
+            .stdin(Stdio::null())
+            .output()
+            .expect("ccm-host runs");
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(
+            errors,
+            [format!(
+                "error: {flag} {value}: at most 100000 (the sandbox holds the whole scene in memory)"
+            )],
+            "{stderr}"
+        );
+    }
 }

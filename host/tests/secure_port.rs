@@ -38,6 +38,18 @@ impl Host {
         flags: &[&str],
         fd_limit: Option<u32>,
     ) -> Host {
+        Self::start_bin(BIN, dir, name, kubeconfig, flags, fd_limit)
+    }
+
+    /// [`Host::start`] with another `ccm-host` binary.
+    fn start_bin(
+        bin: &str,
+        dir: &Path,
+        name: &str,
+        kubeconfig: &Path,
+        flags: &[&str],
+        fd_limit: Option<u32>,
+    ) -> Host {
         let port = free_port();
         let log = dir.join(format!("{name}.log"));
         let config = dir.join(format!("cloud-{name}.yaml"));
@@ -47,10 +59,10 @@ impl Host {
         let mut cmd = match fd_limit {
             Some(n) => {
                 let mut sh = Command::new("sh");
-                sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), BIN]);
+                sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), bin]);
                 sh
             }
-            None => Command::new(BIN),
+            None => Command::new(bin),
         };
         cmd.arg("run")
             .arg("--plugin-dir")
@@ -474,6 +486,106 @@ async fn slow_and_idle_clients_cannot_hold_the_port() {
         );
         drop(idle);
     });
+}
+
+/// Kubelet-style probes survive a flood of new connections that send nothing (issue 28):
+/// `CCM_FLOOD_RATE` new TCP connections per second (default 2,000), each held silent for 1 s,
+/// for `CCM_FLOOD_SECS` (default 10), while a probe every 100 ms opens a new connection, does
+/// the TLS handshake and GETs `/healthz`, all within 1 s (the kubelet's default timeout). At
+/// least 99 % succeed. `CCM_FLOOD_BIN` runs another `ccm-host` build, to measure before and
+/// after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_style_probes_survive_a_flood_of_new_connections() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (rate, secs) = (env("CCM_FLOOD_RATE", 2000), env("CCM_FLOOD_SECS", 10));
+    let bin = std::env::var("CCM_FLOOD_BIN").unwrap_or_else(|_| BIN.to_string());
+    let server = ApiServer::start().await.unwrap();
+    let (dir, kubeconfig) = setup();
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let host = tokio::task::block_in_place(|| {
+        Host::start_bin(&bin, dir.path(), "flood", &kubeconfig, &[], None)
+    });
+    let port = host.port;
+    let stop = Arc::new(AtomicBool::new(false));
+    let made = Arc::new(AtomicUsize::new(0));
+    const FLOODERS: u64 = 4;
+    let flooders: Vec<_> = (0..FLOODERS)
+        .map(|_| {
+            let (stop, made) = (stop.clone(), made.clone());
+            std::thread::spawn(move || {
+                let every = Duration::from_secs_f64(FLOODERS as f64 / rate as f64);
+                let mut held = std::collections::VecDeque::new();
+                let mut next = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    while held.front().is_some_and(|(until, _)| *until <= now) {
+                        held.pop_front();
+                    }
+                    if next > now {
+                        std::thread::sleep(next - now);
+                    }
+                    next += every;
+                    if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                        made.fetch_add(1, Ordering::Relaxed);
+                        held.push_back((Instant::now() + Duration::from_secs(1), s));
+                    }
+                }
+            })
+        })
+        .collect();
+    // Let the flood reach its rate, then probe.
+    std::thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    let (mut ok, mut failed) = (0, Vec::new());
+    tokio::task::block_in_place(|| {
+        while started.elapsed() < Duration::from_secs(secs) {
+            let tick = Instant::now();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(https::get(port, "/healthz", None));
+            });
+            match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(Ok((200, body))) if body == "ok" => ok += 1,
+                Ok(other) => failed.push(format!("{other:?}")),
+                Err(_) => failed.push("no answer within 1s".into()),
+            }
+            if let Some(left) = Duration::from_millis(100).checked_sub(tick.elapsed()) {
+                std::thread::sleep(left);
+            }
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64() + 1.0;
+    let probes = ok + failed.len();
+    let achieved = made.load(Ordering::Relaxed) as f64 / elapsed;
+    println!(
+        "flood of {achieved:.0} new connections/s (asked {rate}/s) for {secs}s: {ok}/{probes} probes succeeded ({:.1} %); failures: {:?}",
+        100.0 * ok as f64 / probes as f64,
+        failed.iter().take(5).collect::<Vec<_>>()
+    );
+    let log = host.log();
+    let cap_lines: std::collections::BTreeMap<&str, usize> = log
+        .lines()
+        .filter_map(|l| l.split_once("connection cap: ").map(|(_, w)| w))
+        .fold(Default::default(), |mut m, w| {
+            *m.entry(w).or_default() += 1;
+            m
+        });
+    assert!(
+        ok * 100 >= probes * 99,
+        "{ok}/{probes} probes succeeded under the flood: {:?}; the cap: {cap_lines:?}",
+        failed.iter().take(3).collect::<Vec<_>>()
+    );
 }
 
 /// A CA (PEM) and a client certificate it signs for `cn` in `org` (chain, key).

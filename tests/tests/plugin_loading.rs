@@ -450,12 +450,15 @@ fn process_threads() -> usize {
         .unwrap()
 }
 
-/// Containment: 1,000 calls into a provider whose calls hang and ignore their cancellation
-/// leave a bounded number of threads, make that provider report itself unhealthy and refuse
-/// further calls at once, and another provider's calls keep working.
+/// Containment, per method then per provider, with a provider whose calls hang and ignore
+/// their cancellation. Waves of distinct calls of one method, as controllers make them, hang
+/// until that method is refused on its own while the provider's other methods still get
+/// threads; asking a hung question again joins its thread. Then 1,000 concurrent calls of
+/// another method leave a bounded number of threads and make the provider refuse every call;
+/// another provider's calls keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_hung_calls_stay_bounded_and_another_provider_keeps_working() {
-    use ccm_host::provider::pool::{HUNG_CAP, MAX_WORKERS};
+    use ccm_host::provider::pool::{HUNG_CAP, MAX_WORKERS, METHOD_HUNG_CAP};
     let dir = PluginDir::new()
         .with(libs::FAKE, "fake.so")
         .with(libs::MISBEHAVING, "hang-calls.so");
@@ -471,9 +474,51 @@ async fn a_thousand_hung_calls_stay_bounded_and_another_provider_keeps_working()
         .create("fake", None, &options)
         .expect("fake builds");
     let before = process_threads();
+    // Waves of 4 distinct InstanceMetadata calls until the method is refused.
+    let mut asked = 0;
+    while hung.method_call_health("InstanceMetadata").is_ok() {
+        assert!(
+            asked < 10 * METHOD_HUNG_CAP,
+            "never refused after {asked} calls"
+        );
+        let wave = (asked..asked + 4).map(|i| {
+            let hung = hung.clone();
+            async move { hung.instance_metadata(&node(&format!("n{i}"))).await }
+        });
+        for r in futures::future::join_all(wave).await {
+            assert_eq!(r.unwrap_err().kind(), ErrorKind::DEADLINE_EXCEEDED);
+        }
+        asked += 4;
+    }
+    let stuck = hung.method_call_health("InstanceMetadata").unwrap_err();
+    assert!(
+        stuck.contains("provider hung") && stuck.contains("InstanceMetadata calls are refused"),
+        "{stuck}"
+    );
+    assert_eq!(hung.refused_methods(), vec!["InstanceMetadata"]);
+    assert!(
+        hung.hung_calls() < METHOD_HUNG_CAP + 4,
+        "{}",
+        hung.hung_calls()
+    );
+    assert!(hung.call_health().is_ok(), "only the method is refused");
+    // Refused at once from now on (before it reaches the pool, so not a deadline error).
+    let e = hung.instance_metadata(&node("late")).await.unwrap_err();
+    assert!(e.to_string().contains("are stuck in the plugin"), "{e}");
+    assert_ne!(e.kind(), ErrorKind::DEADLINE_EXCEEDED);
+    // Asking one of the hung questions again joins its thread: no new hung thread.
+    let hung_now = hung.hung_calls();
+    let again = hung.instance_metadata(&node("n0")).await.unwrap_err();
+    assert_eq!(again.kind(), ErrorKind::DEADLINE_EXCEEDED, "{again}");
+    assert_eq!(hung.hung_calls(), hung_now);
+    // Another method still gets a thread (and hangs in this plugin: a deadline, not a refusal).
+    let other = hung.instance_exists(&node("other")).await.unwrap_err();
+    assert_eq!(other.kind(), ErrorKind::DEADLINE_EXCEEDED, "{other}");
+
+    // A burst of 1,000 distinct calls of another method, all at once.
     let calls = (0..1000).map(|i| {
         let hung = hung.clone();
-        async move { hung.instance_metadata(&node(&format!("n{i}"))).await }
+        async move { hung.instance_shutdown(&node(&format!("s{i}"))).await }
     });
     let results = futures::future::join_all(calls).await;
     let (mut deadline, mut refused) = (0, 0);
@@ -488,8 +533,9 @@ async fn a_thousand_hung_calls_stay_bounded_and_another_provider_keeps_working()
     }
     let threads = process_threads();
     println!(
-        "1,000 hung calls: {deadline} timed out, {refused} refused at once; pool threads {}, process threads {before} -> {threads}",
-        hung.call_threads()
+        "1,000 hung calls: {deadline} timed out, {refused} refused; pool threads {}, hung {}, process threads {before} -> {threads}",
+        hung.call_threads(),
+        hung.hung_calls()
     );
     assert!(hung.call_threads() <= MAX_WORKERS + HUNG_CAP);
     assert!(
@@ -500,10 +546,6 @@ async fn a_thousand_hung_calls_stay_bounded_and_another_provider_keeps_working()
         .call_health()
         .expect_err("the hung provider is unhealthy");
     assert!(unhealthy.contains("provider hung"), "{unhealthy}");
-    // Refused at once from now on (before it reaches the pool, so not a deadline error).
-    let e = hung.instance_metadata(&node("late")).await.unwrap_err();
-    assert!(e.to_string().contains("are stuck in the plugin"), "{e}");
-    assert_ne!(e.kind(), ErrorKind::DEADLINE_EXCEEDED);
     // Another provider has its own threads.
     let answer = fake.instance_metadata(&node("node-1")).await;
     assert!(answer.is_ok(), "{answer:?}");

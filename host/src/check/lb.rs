@@ -313,7 +313,7 @@ impl Suite {
         // The provider offers the read-back at all?
         match self.read_hosts(svc).await {
             Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => {
-                return Outcome::skip(format!(
+                return Outcome::skip_hiding_contract(format!(
                     "skipped (no host read-back: the provider does not implement LoadBalancer::load_balancer_hosts, ABI 1.1, so whether it honours the host set cannot be seen{})",
                     if self.provider.abi_generation() == "1.0" {
                         "; its plugin was built against ccm-provider-abi 1.0"

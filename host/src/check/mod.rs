@@ -93,6 +93,11 @@ pub struct CheckArgs {
     /// Skip a check by id (repeatable; ids as in the result table).
     #[arg(long = "skip", value_name = "CHECK")]
     pub skip: Vec<String>,
+    /// Fail a check that is skipped although the provider has what it covers, because the
+    /// provider offers no way to observe it (lb-hosts with load balancers but no host
+    /// read-back). Skips for a capability the provider lacks, or --skip, stay skips.
+    #[arg(long)]
+    pub strict: bool,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -119,6 +124,8 @@ pub struct Plan {
     pub sync_timeout: Duration,
     /// `--skip`.
     pub skip: BTreeSet<String>,
+    /// `--strict`.
+    pub strict: bool,
     /// Unique to this run (UIDs of the Services handed to the provider directly).
     pub nonce: String,
 }
@@ -211,6 +218,7 @@ impl Plan {
             call_timeout,
             sync_timeout,
             skip,
+            strict: args.strict,
             nonce: scene::nonce(),
         })
     }
@@ -236,7 +244,7 @@ pub async fn main(args: CheckArgs, max_log_level: u8) -> anyhow::Result<i32> {
     };
     let config = match &args.cloud_config {
         None => None,
-        Some(path) => match std::fs::read(path) {
+        Some(path) => match crate::args::read_input_file(path) {
             Ok(bytes) => Some(bytes),
             Err(e) => return Ok(usage(format!("--cloud-config {}: {e}", path.display()))),
         },
@@ -364,6 +372,7 @@ pub(crate) struct Suite {
 
 impl Suite {
     async fn run(plan: Plan, provider: Provider, subject: Subject) -> anyhow::Result<Report> {
+        let strict = plan.strict;
         let server = ApiServer::start().await?;
         let client = server.client();
         let stop = CancellationToken::new();
@@ -409,7 +418,7 @@ impl Suite {
             ctx,
             stop,
             registry,
-            report: Report::new(subject),
+            report: Report::new(subject).strict(strict),
             panics: Mutex::new(Vec::new()),
             controllers: Vec::new(),
             initialised: BTreeMap::new(),

@@ -145,6 +145,9 @@ pub struct Outcome {
     pub status: Status,
     /// Why (for failures and skips) or what was verified (for passes).
     pub detail: String,
+    /// A skip that hides a contract: the provider has what the check covers but offers no way
+    /// to observe it. A failure under `--strict`.
+    pub hides_contract: bool,
 }
 
 impl Outcome {
@@ -153,6 +156,7 @@ impl Outcome {
         Self {
             status: Status::Pass,
             detail: detail.into(),
+            hides_contract: false,
         }
     }
 
@@ -161,6 +165,7 @@ impl Outcome {
         Self {
             status: Status::Fail,
             detail: reason.into(),
+            hides_contract: false,
         }
     }
 
@@ -169,6 +174,16 @@ impl Outcome {
         Self {
             status: Status::Skip,
             detail: reason.into(),
+            hides_contract: false,
+        }
+    }
+
+    /// Not run although the provider has what the check covers: it offers no way to observe
+    /// it, so the contract is not verified. A failure under `--strict`.
+    pub fn skip_hiding_contract(reason: impl Into<String>) -> Self {
+        Self {
+            hides_contract: true,
+            ..Self::skip(reason)
         }
     }
 
@@ -233,6 +248,8 @@ pub struct Report {
     pub failed: usize,
     /// Checks skipped.
     pub skipped: usize,
+    /// `--strict`: a skip that hides a contract is a failure.
+    pub strict: bool,
 }
 
 impl Report {
@@ -244,11 +261,23 @@ impl Report {
             passed: 0,
             failed: 0,
             skipped: 0,
+            strict: false,
         }
     }
 
+    /// The same report with `--strict` on or off.
+    pub fn strict(self, strict: bool) -> Self {
+        Self { strict, ..self }
+    }
+
     /// Record the outcome of check `id` (must be one of [`CHECKS`]).
-    pub fn add(&mut self, id: &'static str, outcome: Outcome) {
+    pub fn add(&mut self, id: &'static str, mut outcome: Outcome) {
+        if self.strict && outcome.status == Status::Skip && outcome.hides_contract {
+            outcome = Outcome::fail(format!(
+                "--strict: {} (a skip that leaves the contract unverified)",
+                outcome.detail
+            ));
+        }
         let title = CHECKS
             .iter()
             .find(|(c, _)| *c == id)

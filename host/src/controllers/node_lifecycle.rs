@@ -21,7 +21,10 @@
 //! - `getProviderID` with a V2 provider that returns nil metadata yields `""` (upstream
 //!   dereferences nil);
 //! - the evidence event ([`INSTANCE_DOES_NOT_EXIST`]) before upstream's `DeletingNode`, and the
-//!   flags above.
+//!   flags above;
+//! - a node whose question from an earlier pass (`InstanceExists`, ...) is still running in the
+//!   plugin past its deadline is not asked again that pass (one WARN line per pass counts
+//!   them): upstream asks again and, with a plugin that ignores cancellation, piles up calls.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -483,6 +486,7 @@ impl NodeMonitor {
         let cached: HashSet<String> = nodes.iter().map(|n| node_key(n)).collect();
         self.streaks.retain(|key, _| cached.contains(key));
         let mut answers = bulk_answers(ctx, &nodes).await;
+        let mut still_open: Vec<(String, &'static str)> = Vec::new();
         for node in nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
             let key = node_key(&node);
@@ -497,6 +501,17 @@ impl NodeMonitor {
                 continue;
             }
             let answer = answers.remove(&key);
+            // Beyond upstream: a question about this node asked in an earlier pass whose
+            // thread still runs in the plugin past its deadline is not asked again (it would
+            // only wait for that thread): no answer for this pass, as for an error.
+            if answer.is_none() {
+                if let Some(method) = ctx.provider.open_instance_question(&node) {
+                    tracing::debug!(controller = NAME, node = %name, method, "not asking again: the earlier {method} call about node {name} is still running in the plugin");
+                    self.forget_with_reason(&key, &name, "no answer from the cloud");
+                    still_open.push((name, method));
+                    continue;
+                }
+            }
             let existence = match &answer {
                 Some(answer) => existence_of_answer(&node, answer, &ctx.config.node_deletion),
                 None => instance_existence(&ctx.provider, &node, &ctx.config.node_deletion).await,
@@ -537,6 +552,14 @@ impl NodeMonitor {
                     tracing::error!(controller = NAME, node = %name, "error checking if node {name} is shutdown: {e}");
                 }
             }
+        }
+        if let Some((first, method)) = still_open.first() {
+            tracing::warn!(
+                controller = NAME,
+                nodes = still_open.len(),
+                "{} node(s) not checked this pass (e.g. {first}): their earlier {method} call is still running in the plugin past its deadline",
+                still_open.len()
+            );
         }
     }
 

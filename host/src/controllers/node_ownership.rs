@@ -21,6 +21,11 @@
 //!   resourceVersion the providers were asked about, so of two hosts that both know a node
 //!   (one host per provider) the first claim stays.
 //!
+//! A node that names its platform itself (the label or the annotation, no providerID) is its
+//! provider's without asking; it gets one `CloudProviderClaimedNode` Normal event naming the
+//! provider and the label or annotation it was claimed by (per node and host run), so such a
+//! claim is never silent.
+//!
 //! Nodes without the taint are never claimed: a node that is not waiting for a cloud provider
 //! (kwok, virtual kubelet, a kubelet without `--cloud-provider=external`) stays foreign.
 //!
@@ -187,21 +192,50 @@ pub async fn run(
         move |name: &str| nodes.store().get(name).is_some_and(|n| candidate(&n))
     };
     let recorder = Arc::new(ctx.recorder(NAME));
+    // Nodes whose claim was announced (an event), by this controller's claims or by their
+    // own label or annotation.
+    let announced: Announced = Arc::default();
+    let announce = {
+        let (ownership, recorder, announced) =
+            (ownership.clone(), recorder.clone(), announced.clone());
+        move |n: &Node| {
+            let (Some(name), Some((owner, by))) = (&n.metadata.name, ownership.declared_owner(n))
+            else {
+                return;
+            };
+            if !lock_set(&announced).insert(name.clone()) {
+                return;
+            }
+            let provider = &ownership.names()[owner];
+            let message =
+                format!("claimed by cloud provider {provider} because of the node's own {by}");
+            tracing::info!(
+                node = name.as_str(),
+                provider = provider.as_str(),
+                "{message}"
+            );
+            recorder.publish(node_ref(n), EventType::Normal, CLAIMED_REASON, message);
+        }
+    };
+    for n in ctx.nodes.list() {
+        announce(&n);
+    }
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..WORKERS {
-        let (queue, ctx, ownership, providers, recorder) = (
+        let (queue, ctx, ownership, providers, recorder, announced) = (
             queue.clone(),
             ctx.clone(),
             ownership.clone(),
             providers.clone(),
             recorder.clone(),
+            announced.clone(),
         );
         let (pending, still_candidate) = (pending.clone(), still_candidate.clone());
         crate::controllers::spawn_in_span(&mut tasks, async move {
             while let Some(name) = queue.get().await {
                 let retry = tokio::select! {
                     _ = ctx.stop.cancelled() => { queue.done(&name); break; }
-                    r = claim(&ctx, &ownership, &providers, &recorder, &name) => r,
+                    r = claim(&ctx, &ownership, &providers, &recorder, &announced, &name) => r,
                 };
                 if retry {
                     queue.add_rate_limited(name.clone());
@@ -233,6 +267,7 @@ pub async fn run(
         };
         match change {
             Ok(Change::Added(n) | Change::Updated { new: n, .. }) => {
+                announce(&n);
                 if candidate(&n) {
                     if let Some(name) = &n.metadata.name {
                         queue.add(name.clone());
@@ -248,6 +283,7 @@ pub async fn run(
             }
             Ok(Change::Deleted(n)) => {
                 if let Some(name) = &n.metadata.name {
+                    lock_set(&announced).remove(name);
                     if !still_candidate(name) {
                         pending.decided(name);
                     }
@@ -273,12 +309,20 @@ pub async fn run(
     while tasks.join_next().await.is_some() {}
 }
 
+/// Names of the nodes whose claim was announced.
+type Announced = Arc<Mutex<HashSet<String>>>;
+
+fn lock_set(set: &Announced) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    set.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One round for node `name`; true when it must be asked about again later.
 async fn claim(
     ctx: &ControllerContext,
     ownership: &Ownership,
     providers: &[Provider],
     recorder: &EventRecorder,
+    announced: &Announced,
     name: &str,
 ) -> bool {
     let Some(node) = ctx.nodes.store().get(name) else {
@@ -291,7 +335,13 @@ async fn claim(
         Verdict::Known(i) => {
             let value = ownership.label_value(i).to_string();
             let provider = &ownership.names()[i];
-            match label_unless_claimed(&ctx.client, ownership, &node, &value).await {
+            // This claim has its own event: the label it writes is not announced again.
+            lock_set(announced).insert(name.to_string());
+            let labelled = label_unless_claimed(&ctx.client, ownership, &node, &value).await;
+            if matches!(labelled, Err(ref e) if !is_not_found(e)) {
+                lock_set(announced).remove(name);
+            }
+            match labelled {
                 Ok(Labelled::Yes) => {
                     let message = format!(
                         "cloud provider {provider} knows this node: labelled {PLATFORM_LABEL}={value}, so {provider} initialises it"

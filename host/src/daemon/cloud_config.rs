@@ -142,7 +142,7 @@ impl ConfigFile {
         if self.stamp.as_ref() == Some(&stamp) && !stamp.racy() {
             return Change::None;
         }
-        let bytes = match std::fs::read(&self.path) {
+        let bytes = match crate::args::read_input_file(&self.path) {
             Ok(b) => b,
             Err(e) => return self.unreadable(e),
         };

@@ -194,10 +194,17 @@ async fn run_embedded(
         // the pool's cap) has its calls refused; /healthz says so, so a liveness probe restarts
         // a host that only a restart can free (provider::pool).
         let provider = a.provider.clone();
-        health.add_check(
-            &check_name("cloud-provider-calls", a),
-            Arc::new(move || provider.call_health()),
-        );
+        let calls: http::Check = Arc::new(move || provider.call_health());
+        health.add_check(&check_name("cloud-provider-calls", a), calls.clone());
+        health.add_live_check(&check_name("cloud-provider-calls", a), calls);
+        // A method whose calls hang (up to the pool's per-method cap) has its calls refused
+        // alone: from then on it has a /readyz check of its own,
+        // `cloud-provider-calls-<Method>` (`cloud-provider-calls-<name>-<Method>` with several
+        // providers), which passes again once they return.
+        let (ready, prefix) = (health.clone(), check_name("cloud-provider-calls", a));
+        a.provider.on_method_refused(move |method, check| {
+            ready.add_ready_check(&format!("{prefix}-{method}"), check);
+        });
     }
     if args.secure_port != 0 {
         let serving = serving::start(&args, &settings, health.clone(), registry.clone(), &stop);
@@ -689,7 +696,7 @@ fn read_cloud_config(path: Option<&Path>) -> Result<Option<cloud_config::ConfigF
             // The file's identity before its bytes: a change in between is seen at the first
             // look of the reload watch.
             let stamp = cloud_config::Stamp::of(path).ok();
-            let bytes = std::fs::read(path)
+            let bytes = crate::args::read_input_file(path)
                 .map_err(|e| format!("cannot read --cloud-config {}: {e}", path.display()))?;
             Some(cloud_config::ConfigFile::new(path, stamp, bytes))
         }

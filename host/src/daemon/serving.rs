@@ -3,8 +3,12 @@
 //! written to and read back from `--cert-dir`), and limits that keep clients from holding the
 //! port ([`Limits`]): a TLS handshake timeout, a request header timeout that also ends idle
 //! kept-alive connections (slow clients are dropped), an idle timeout for everything else, and a
-//! connection cap that closes the longest idle connection to admit a new one (so thousands of
-//! idle or half-open connections never starve the kubelet's `/healthz` probe).
+//! connection cap that makes room for a new connection by closing, in this order, the oldest
+//! *silent* one (accepted, not a byte sent yet), else the longest idle one after its handshake;
+//! a connection in its TLS handshake is never closed in favour of a newer one (at the cap with
+//! every connection handshaking or in a request, the new one is closed). So thousands of idle or
+//! half-open connections, or a flood of new ones that send nothing, never starve the kubelet's
+//! `/healthz` probe, whose ClientHello follows its connect at once.
 //!
 //! Requests are authenticated and authorized by [`super::delegated_auth`] before the endpoints
 //! of [`super::http`] see them.
@@ -96,8 +100,18 @@ pub fn serving_cert(
     let cert: PathBuf = dir.join(format!("{PAIR_NAME}.crt"));
     let key: PathBuf = dir.join(format!("{PAIR_NAME}.key"));
     if cert.is_file() && key.is_file() {
+        // Never through a symlink (a planted one would hand us another file).
         let read = |p: &Path| {
-            std::fs::read(p).map_err(|e| format!("--cert-dir: cannot read {}: {e}", p.display()))
+            use std::io::Read;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut out = Vec::new();
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(p)
+                .and_then(|mut f| f.read_to_end(&mut out))
+                .map(|_| out)
+                .map_err(|e| format!("--cert-dir: cannot read {}: {e}", p.display()))
         };
         return Ok(ServingCert {
             cert_pem: read(&cert)?,
@@ -128,14 +142,27 @@ fn write_pair(
         .recursive(true)
         .mode(0o755)
         .create(dir)?;
-    // The key is written first and never readable by others, as upstream's keyutil.WriteKey.
+    // The key is written first and never readable by others, as upstream's keyutil.WriteKey:
+    // never through a symlink (O_NOFOLLOW), only into a regular file, and with its mode set
+    // whatever a file that was there had (a pre-created 0666 key file becomes 0600 before the
+    // key is written into it).
     for (path, pem, mode) in [(key, key_pem, 0o600), (cert, cert_pem, 0o644)] {
+        use std::os::unix::fs::PermissionsExt;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(mode)
-            .open(path)?;
+            .open(path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        if !f.metadata()?.is_file() {
+            return Err(std::io::Error::other(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.set_len(0)?;
         f.write_all(pem)?;
         f.sync_all()?;
     }
@@ -252,7 +279,19 @@ pub async fn start(
 
 // ---- connections ----
 
+/// Where a connection is, for the cap's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Accepted; the client has not sent a byte yet.
+    Silent,
+    /// The client spoke: TLS handshake in progress. Never closed for a newer connection.
+    Handshake,
+    /// Handshake done: serving requests, or idle between them.
+    Established,
+}
+
 struct Conn {
+    stage: Stage,
     /// When the connection was accepted or last started or finished a request.
     last_active: Instant,
     /// Requests in a handler right now.
@@ -275,26 +314,40 @@ impl Conns {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Register a new connection; at the cap, close the longest idle one first. `None` when
-    /// every connection is in a request.
+    /// Register a new connection; at the cap, first close the oldest silent one, else the
+    /// longest idle established one. `None` when every connection is in its handshake or in a
+    /// request: those are never closed for a newer connection.
     fn admit(self: &Arc<Self>) -> Option<ConnHandle> {
         let mut live = self.lock();
         if live.len() >= self.max {
-            let victim = live
-                .iter()
-                .filter(|(_, c)| c.busy == 0)
-                .min_by_key(|(_, c)| c.last_active)
-                .map(|(id, _)| *id);
-            let Some(victim) = victim else {
+            let oldest = |stage: Stage| {
+                live.iter()
+                    .filter(|(_, c)| c.stage == stage && c.busy == 0)
+                    .min_by_key(|(_, c)| c.last_active)
+                    .map(|(id, _)| *id)
+            };
+            let victim = oldest(Stage::Silent)
+                .map(|id| (id, "closed the oldest silent connection to admit a new one"))
+                .or_else(|| {
+                    oldest(Stage::Established)
+                        .map(|id| (id, "closed the longest idle connection to admit a new one"))
+                });
+            let Some((victim, what)) = victim else {
+                let handshaking = live
+                    .values()
+                    .filter(|c| c.stage == Stage::Handshake)
+                    .count();
                 drop(live);
-                self.warn_cap("every connection is in a request: refused a new connection");
+                self.warn_cap(&format!(
+                    "every connection is in its handshake ({handshaking}) or in a request: refused a new connection"
+                ));
                 return None;
             };
             if let Some(c) = live.remove(&victim) {
                 c.close.cancel();
             }
             drop(live);
-            self.warn_cap("closed the longest idle connection to admit a new one");
+            self.warn_cap(what);
             live = self.lock();
         }
         let id = self
@@ -304,6 +357,7 @@ impl Conns {
         live.insert(
             id,
             Conn {
+                stage: Stage::Silent,
                 last_active: Instant::now(),
                 busy: 0,
                 close: close.clone(),
@@ -441,10 +495,30 @@ async fn connection(
     stop: CancellationToken,
 ) {
     let close = handle.close.clone();
+    let handshake_deadline = tokio::time::Instant::now() + limits.handshake_timeout;
+    // Silent until the client's first byte (its ClientHello): at the cap silent connections
+    // are closed first. (`peek`, not `readable`: a just-accepted socket reads as readable.)
+    let mut first = [0u8; 1];
+    tokio::select! {
+        _ = close.cancelled() => return,
+        _ = stop.cancelled() => return,
+        spoke = tokio::time::timeout_at(handshake_deadline, tcp.peek(&mut first)) => match spoke {
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => handle.update(|c| c.stage = Stage::Handshake),
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, "secure port: connection failed before the handshake: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "secure port: TLS handshake timed out (nothing sent)");
+                return;
+            }
+        },
+    }
     let stream = tokio::select! {
         _ = close.cancelled() => return,
         _ = stop.cancelled() => return,
-        accepted = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)) => match accepted {
+        accepted = tokio::time::timeout_at(handshake_deadline, acceptor.accept(tcp)) => match accepted {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
                 tracing::debug!(%peer, "secure port: TLS handshake failed: {e}");
@@ -456,7 +530,10 @@ async fn connection(
             }
         },
     };
-    handle.update(|c| c.last_active = Instant::now());
+    handle.update(|c| {
+        c.stage = Stage::Established;
+        c.last_active = Instant::now();
+    });
     // The client certificate the handshake verified, for authentication.
     let peer_certificate = stream
         .get_ref()
@@ -527,11 +604,36 @@ mod tests {
         })
     }
 
+    fn stage(h: &ConnHandle, stage: Stage) {
+        h.update(|c| c.stage = stage);
+    }
+
+    #[test]
+    fn the_cap_closes_silent_connections_first_and_never_one_in_its_handshake() {
+        let conns = conns(3);
+        let kubelet = conns.admit().unwrap();
+        stage(&kubelet, Stage::Handshake);
+        let flood: Vec<ConnHandle> = (0..2).map(|_| conns.admit().unwrap()).collect();
+        // Newer silent connections go first, oldest first; the handshake stays.
+        let newer = conns.admit().unwrap();
+        assert!(flood[0].close.is_cancelled() && !flood[1].close.is_cancelled());
+        let _newest = conns.admit().unwrap();
+        assert!(flood[1].close.is_cancelled());
+        assert!(!kubelet.close.is_cancelled());
+        // Only handshakes left (and silent ones turned into handshakes): refused.
+        stage(&newer, Stage::Handshake);
+        stage(&_newest, Stage::Handshake);
+        assert!(conns.admit().is_none());
+        assert!(!kubelet.close.is_cancelled());
+    }
+
     #[test]
     fn the_cap_closes_the_longest_idle_connection_and_never_a_busy_one() {
         let conns = conns(2);
         let a = Arc::new(conns.admit().unwrap());
         let b = Arc::new(conns.admit().unwrap());
+        stage(&a, Stage::Established);
+        stage(&b, Stage::Established);
         // `a` is in a request, so `b` is the one to close although it is newer.
         let in_request = a.request();
         let c = conns.admit().unwrap();
@@ -540,11 +642,13 @@ mod tests {
         assert!(b.idle_for().is_none(), "forgotten once closed");
         assert!(a.idle_for().is_none(), "busy");
         // Both remaining connections busy: a new one is refused.
+        stage(&c, Stage::Established);
         let _c_busy = Arc::new(c).request();
         assert!(conns.admit().is_none());
         drop(in_request);
         assert!(a.idle_for().is_some());
         let d = conns.admit().unwrap();
+        stage(&d, Stage::Established);
         assert!(a.close.is_cancelled());
         drop(d);
         assert_eq!(conns.lock().len(), 1);
@@ -585,6 +689,26 @@ mod tests {
         let in_memory = serving_cert(None, None, unspecified).unwrap();
         assert_eq!(in_memory.origin, "self-signed, in memory");
         assert_ne!(in_memory.cert_pem, first.cert_pem);
+
+        // A planted symlink is not followed, and a pre-created world-writable key file ends
+        // up 0600.
+        let planted = dir.path().join("planted");
+        std::fs::create_dir(&planted).unwrap();
+        let target = dir.path().join("elsewhere.crt");
+        std::os::unix::fs::symlink(&target, planted.join("cloud-controller-manager.crt")).unwrap();
+        let e = serving_cert(None, Some(&planted), unspecified)
+            .err()
+            .unwrap();
+        assert!(e.contains("cloud-controller-manager.crt"), "{e}");
+        assert!(!target.exists(), "the symlink's target was not written");
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let key = open.join("cloud-controller-manager.key");
+        std::fs::write(&key, "").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o666)).unwrap();
+        serving_cert(None, Some(&open), unspecified).unwrap();
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
 
         let garbage = dir.path().join("garbage.pem");
         std::fs::write(&garbage, "hello").unwrap();

@@ -38,7 +38,7 @@ use ccm_provider_abi::abi::{
 };
 use ccm_provider_abi::ext::{ExtCapabilities, ProviderExtBox};
 use ccm_provider_abi::types::AbiRoute;
-use ccm_provider_abi::{CallContext, InstanceMetadata, ProviderError, Route, Zone};
+use ccm_provider_abi::{CallContext, ErrorKind, InstanceMetadata, ProviderError, Route, Zone};
 use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use serde::Serialize;
@@ -164,16 +164,27 @@ struct Inner {
     pool: pool::CallPool,
 }
 
-/// What identifies a read call for coalescing: the method, the instance cache's generation
-/// (bumped by every `--cloud-config` reload) and a SHA-256 digest of the call's arguments. A
-/// digest rather than the arguments: for an instance lookup they are the node's JSON, a few KB
-/// that the map and each waiter held in copies of their own (the address loop keeps 64
-/// lookups in flight).
-type ReadKey = (&'static str, u64, [u8; 32]);
+/// What identifies a call for coalescing and joining ([`pool::CallKey`]): the method, the
+/// instance cache's generation (bumped by every `--cloud-config` reload) and a SHA-256 digest
+/// of the call's arguments. A digest rather than the arguments: for an instance lookup they are
+/// the node's JSON, a few KB that the map and each waiter held in copies of their own (the
+/// address loop keeps 64 lookups in flight).
+type ReadKey = pool::CallKey;
 
 fn read_call_key(op: &'static str, generation: u64, args: &str) -> ReadKey {
+    call_key(op, generation, &[args])
+}
+
+/// The key of a call with several arguments (each length-prefixed, so no two argument lists
+/// hash alike by moving a boundary).
+fn call_key(op: &'static str, generation: u64, args: &[&str]) -> pool::CallKey {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for a in args {
+        ctx.update(&(a.len() as u64).to_le_bytes());
+        ctx.update(a.as_bytes());
+    }
     let mut digest = [0; 32];
-    digest.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, args.as_bytes()).as_ref());
+    digest.copy_from_slice(ctx.finish().as_ref());
     (op, generation, digest)
 }
 
@@ -336,13 +347,31 @@ impl Provider {
     }
 
     /// The single path every provider call takes: throttling pause, budget, blocking pool,
-    /// deadline, cancellation, metrics.
+    /// deadline, cancellation, metrics. Such a call never joins another one; see
+    /// [`Provider::call_keyed`].
     ///
     /// The deadline starts when the plugin is called: waiting for a throttling pause or for the
     /// budget does not use it up. Dropping the future ends either wait at once.
     pub async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, ProviderError>
     where
-        T: limits::Bounded + Send + 'static,
+        T: limits::Bounded + Clone + Send + 'static,
+        F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
+    {
+        self.call_keyed(op, None, f).await
+    }
+
+    /// [`Provider::call`] for a call identified by `key` ([`call_key`]): while an identical
+    /// call's thread still runs in the plugin, hung past its deadline included, this call waits
+    /// for that thread's answer (within its own deadline) instead of taking another thread
+    /// ([`pool`]).
+    async fn call_keyed<T, F>(
+        &self,
+        op: &'static str,
+        key: Option<pool::CallKey>,
+        f: F,
+    ) -> Result<T, ProviderError>
+    where
+        T: limits::Bounded + Clone + Send + 'static,
         F: FnOnce(&CallContext) -> RResult<T, ProviderError> + Send + 'static,
     {
         let metrics = &self.inner.metrics;
@@ -380,16 +409,45 @@ impl Provider {
 
         let timeout = self.call_timeout.unwrap_or(self.inner.options.call_timeout);
         let epoch = throttle.epoch();
+        let deadline = tokio::time::Instant::now() + timeout;
+        // An identical call still running in the plugin (hung past its deadline included):
+        // wait for its answer within this call's deadline instead of taking another thread.
+        if let Some(key) = &key {
+            if let Some(mut joined) = self.inner.pool.join::<Result<T, ProviderError>>(key) {
+                metrics.coalesced.get_or_create(&method).inc();
+                let outcome = tokio::time::timeout_at(deadline, &mut joined).await;
+                drop(joined);
+                let answered = match outcome {
+                    // It ended by its own cancellation (its caller's deadline or departure):
+                    // not an answer to this caller, which asks for itself below.
+                    Ok(Ok(Err(e)))
+                        if e.kind() == ErrorKind::CANCELLED
+                            || e.kind() == ErrorKind::DEADLINE_EXCEEDED =>
+                    {
+                        None
+                    }
+                    Ok(Ok(result)) => Some(result.and_then(|value| limits::check(op, value))),
+                    Ok(Err(_)) => None,
+                    // Still running: nothing to cancel (it is not this caller's call).
+                    Err(_) => Some(Err(ProviderError::deadline_exceeded(format!(
+                        "{op} did not return within {timeout:?} (waiting for an identical call still running in the plugin)"
+                    )))),
+                };
+                if let Some(result) = answered {
+                    return self.finish_call(op, epoch, started, result);
+                }
+            }
+        }
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
         let ctx = CallContext::new(Some(timeout));
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
         let plugin = self.inner.plugin_path.clone();
         // On the provider's own bounded pool ([`pool`]); a fatal signal inside the plugin names
         // the plugin and the call (crate::crash).
-        let submitted = self
-            .inner
-            .pool
-            .submit(move || crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result()));
+        let submitted = self.inner.pool.submit(op, key, move || {
+            crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result())
+        });
         let mut task = match submitted {
             Ok(task) => task,
             Err(refused) => {
@@ -406,8 +464,13 @@ impl Provider {
                 // What the plugin returned stays within the host's limits ([`limits`]).
                 result.and_then(|value| limits::check(op, value))
             }
+            // Refused while queued: the method reached its cap of hung calls meanwhile.
+            Ok(Err(pool::PoolError::Refused(why))) => {
+                guard.0 = None;
+                Err(ProviderError::other(why))
+            }
             // The SDK catches plugin panics; this is a panic in the host's own closure.
-            Ok(Err(_)) => Err(ProviderError::panicked(format!(
+            Ok(Err(pool::PoolError::Lost)) => Err(ProviderError::panicked(format!(
                 "{op}: the call's thread ended without an answer"
             ))),
             Err(_) => {
@@ -419,20 +482,31 @@ impl Provider {
                 )))
             }
         };
-        metrics
+        self.finish_call(op, epoch, started, result)
+    }
+
+    /// The end of every call: duration, throttling bookkeeping, error metrics.
+    fn finish_call<T>(
+        &self,
+        op: &'static str,
+        epoch: u64,
+        started: std::time::Instant,
+        result: Result<T, ProviderError>,
+    ) -> Result<T, ProviderError> {
+        self.inner
+            .metrics
             .duration
-            .get_or_create(&method)
+            .get_or_create(&MethodLabels { method: op })
             .observe(started.elapsed().as_secs_f64());
-        let result = match result {
+        match result {
             Ok(v) => {
-                throttle.on_success(epoch);
+                self.inner.throttle.on_success(epoch);
                 Ok(v)
             }
-            Err(e) => Err(self.throttled(op, epoch, e)),
-        };
-        match result {
-            Ok(v) => Ok(v),
-            Err(e) => Err(self.count_error(op, e)),
+            Err(e) => {
+                let e = self.throttled(op, epoch, e);
+                Err(self.count_error(op, e))
+            }
         }
     }
 
@@ -460,6 +534,69 @@ impl Provider {
     /// are refused; see [`pool`]).
     pub fn call_health(&self) -> Result<(), String> {
         self.inner.pool.health()
+    }
+
+    /// Whether `method`'s calls run (`Err`: too many of them hung in the plugin, so new ones
+    /// are refused while the other methods still run; see [`pool`]).
+    pub fn method_call_health(&self, method: &str) -> Result<(), String> {
+        self.inner.pool.method_health(method)
+    }
+
+    /// The methods whose calls are refused now (too many of them hung).
+    pub fn refused_methods(&self) -> Vec<&'static str> {
+        self.inner.pool.refused_methods()
+    }
+
+    /// Call `hook(method, check)` each time a method's calls start being refused; `check`
+    /// answers that method's health from then on (it does not keep the provider alive). The
+    /// daemon adds it to `/readyz`.
+    pub fn on_method_refused(
+        &self,
+        hook: impl Fn(&'static str, Arc<dyn Fn() -> Result<(), String> + Send + Sync>)
+            + Send
+            + Sync
+            + 'static,
+    ) {
+        let weak = self.inner.pool.downgrade();
+        self.inner.pool.on_method_refused(Arc::new(move |method| {
+            let weak = weak.clone();
+            hook(method, Arc::new(move || weak.method_health(method)));
+        }));
+    }
+
+    /// Hung call threads now (all methods).
+    pub fn hung_calls(&self) -> usize {
+        self.inner.pool.hung()
+    }
+
+    /// The lifecycle controller's question about `node` that is still open: the method of an
+    /// earlier identical call (`InstanceExists`, `InstanceShutdown`; with the legacy interface
+    /// `InstanceID`, `InstanceExistsByProviderID`, `InstanceShutdownByProviderID`) whose
+    /// thread still runs in the plugin although its callers gave up. Asking again would only
+    /// wait for that same thread.
+    pub fn open_instance_question(&self, node: &Node) -> Option<&'static str> {
+        let generation = self.inner.instance_cache.generation();
+        let pool = &self.inner.pool;
+        let hung =
+            |op: &'static str, args: &str| pool.is_hung(&read_call_key(op, generation, args));
+        if self.capabilities().instances_v2 {
+            let args = read_key(node);
+            return ["InstanceExists", "InstanceShutdown"]
+                .into_iter()
+                .find(|op| hung(op, &args));
+        }
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        if hung("InstanceID", name) {
+            return Some("InstanceID");
+        }
+        let id = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .unwrap_or_default();
+        ["InstanceExistsByProviderID", "InstanceShutdownByProviderID"]
+            .into_iter()
+            .find(|op| !id.is_empty() && hung(op, id))
     }
 
     /// Threads of the provider's call pool now.
@@ -532,7 +669,7 @@ impl Provider {
                 None => {
                     let this = self.clone();
                     let call: BoxFuture<'static, Result<T, ProviderError>> =
-                        Box::pin(async move { this.call(op, f).await });
+                        Box::pin(async move { this.call_keyed(op, Some(key), f).await });
                     let call = call.shared();
                     if reads.len() >= READ_SWEEP_THRESHOLD {
                         reads.retain(|_, e| (e.running)(&*e.weak));
@@ -564,6 +701,17 @@ impl Provider {
             reads.remove(&key);
         }
         result
+    }
+
+    /// The key of a write call ([`call_key`]): its arguments and hosts exactly as the plugin
+    /// gets them, so only a call identical in every byte joins one still running.
+    fn write_key(&self, op: &'static str, args: &[&str], hosts: &[RString]) -> pool::CallKey {
+        let all: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(hosts.iter().map(RString::as_str))
+            .collect();
+        call_key(op, self.inner.instance_cache.generation(), &all)
     }
 
     /// The current instance's ABI 1.1 extension, if the plugin offers one.
@@ -660,7 +808,8 @@ impl Provider {
             to_json("Service", service)?,
         );
         let nodes = nodes_json(nodes)?;
-        self.call("EnsureLoadBalancer", move |ctx| {
+        let key = self.write_key("EnsureLoadBalancer", &[&cluster, &svc], &nodes);
+        self.call_keyed("EnsureLoadBalancer", Some(key), move |ctx| {
             let status = lb.ensure_load_balancer(
                 ctx,
                 cluster.as_str().into(),
@@ -686,7 +835,8 @@ impl Provider {
             to_json("Service", service)?,
         );
         let nodes = nodes_json(nodes)?;
-        self.call("UpdateLoadBalancer", move |ctx| {
+        let key = self.write_key("UpdateLoadBalancer", &[&cluster, &svc], &nodes);
+        self.call_keyed("UpdateLoadBalancer", Some(key), move |ctx| {
             let done = lb.update_load_balancer(
                 ctx,
                 cluster.as_str().into(),
@@ -710,7 +860,8 @@ impl Provider {
             cluster.to_string(),
             to_json("Service", service)?,
         );
-        self.call("EnsureLoadBalancerDeleted", move |ctx| {
+        let key = self.write_key("EnsureLoadBalancerDeleted", &[&cluster, &svc], &[]);
+        self.call_keyed("EnsureLoadBalancerDeleted", Some(key), move |ctx| {
             lb.ensure_load_balancer_deleted(ctx, cluster.as_str().into(), svc.as_str().into())
         })
         .await

@@ -53,6 +53,9 @@ use scene::{Scenario, Scene, SceneCloudConfig, SceneContext};
 
 /// Exit code for bad input (flags, scenario, provider).
 pub const EXIT_USAGE: i32 = 2;
+
+/// The most nodes, and the most services, of a generated scene (`--nodes`, `--services`).
+pub const MAX_GENERATED: usize = 100_000;
 /// Exit code when the scene did not converge or the controllers stopped.
 pub const EXIT_NOT_CONVERGED: i32 = 1;
 /// Exit code when interrupted (SIGINT/SIGTERM) before the scene converged.
@@ -497,6 +500,17 @@ impl Sandbox {
                 args.nodes, args.services
             )
         };
+        // Checked before anything is allocated for them (a typo of 100000000 nodes asked for
+        // 28.8 GB and aborted).
+        if args.scenario.is_none() {
+            for (flag, n) in [("--nodes", args.nodes), ("--services", args.services)] {
+                if n > MAX_GENERATED {
+                    return Err(usage(format!(
+                        "{flag} {n}: at most {MAX_GENERATED} (the sandbox holds the whole scene in memory)"
+                    )));
+                }
+            }
+        }
         let (scenario, source) = match (scenario, &args.scenario) {
             (Some(s), Some(path)) => (s, format!("scenario {}", path.display())),
             _ if scene::has_demo_cloud(&provider_name) && args.cloud_config.is_none() => {
@@ -655,7 +669,7 @@ impl Sandbox {
                     p.verbatim_config().map(|text| text.as_bytes().to_vec())
                 }
                 (None, Some(path)) => {
-                    let bytes = std::fs::read(path).map_err(|e| {
+                    let bytes = crate::args::read_input_file(path).map_err(|e| {
                         usage(format!(
                             "cannot read --cloud-config {}: {e}",
                             path.display()
@@ -1260,6 +1274,9 @@ fn provider_expectations(
             classes: spec.load_balancer_classes.clone(),
             ignore_classless: !spec.classless,
         },
+        shared_addresses: provider
+            .ext_capabilities()
+            .contains(ccm_provider_abi::ext::ExtCapabilities::LB_SHARED_ADDRESSES),
     }
 }
 

@@ -28,6 +28,10 @@ pub struct ProviderExpectations {
     pub load_balancers: Result<(), String>,
     /// Which services its service controller serves.
     pub policy: ClassPolicy,
+    /// It declares that Services may share a load-balancer address (ABI 1.1
+    /// `LB_SHARED_ADDRESSES`); otherwise two of its Services on one address are not converged,
+    /// as `ccm-host check`'s `lb-distinct` rule says.
+    pub shared_addresses: bool,
 }
 
 /// Who is expected to own a node of the scene.
@@ -574,6 +578,33 @@ pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progres
             }
         }
     }
+    // `ccm-host check`'s lb-distinct rule: no two Services served by one provider on the same
+    // address, unless the provider declares shared addresses.
+    let mut by_address: BTreeMap<(usize, String), Vec<String>> = BTreeMap::new();
+    for spec in &scene.services {
+        let key = format!("{}/{}", spec.namespace, spec.name);
+        let Some(svc) = obs.service(&spec.namespace, &spec.name) else {
+            continue;
+        };
+        if let Some(k) = exp
+            .server_of(svc)
+            .filter(|k| !exp.providers[*k].shared_addresses)
+        {
+            for address in ingress(svc) {
+                by_address
+                    .entry((k, address))
+                    .or_default()
+                    .push(key.clone());
+            }
+        }
+    }
+    for ((k, address), services) in by_address.into_iter().filter(|(_, s)| s.len() > 1) {
+        p.pending.push(format!(
+            "services {} all got {address} from provider {}: two Services must not share a load-balancer address (check's lb-distinct rule; the provider does not declare shared addresses)",
+            services.join(", "),
+            exp.providers[k].name
+        ));
+    }
     for spec in &scene.services {
         let key = format!("{}/{}", spec.namespace, spec.name);
         let Some(svc) = obs.service(&spec.namespace, &spec.name) else {
@@ -647,6 +678,7 @@ mod tests {
             routes: Ok(()),
             load_balancers: Ok(()),
             policy: ClassPolicy::default(),
+            shared_addresses: false,
         }
     }
 
@@ -773,6 +805,66 @@ mod tests {
         obs.nodes.remove(1);
         let p = evaluate(&scene, &exp, &obs);
         assert_eq!(p.pending, ["node node-02: deleted from the cluster"]);
+    }
+
+    #[test]
+    fn two_services_on_one_address_are_not_converged_unless_shared_addresses_are_declared() {
+        let scene = Scenario::generate(2, 3)
+            .into_scene("t".into(), None, &SceneContext::FAKE)
+            .unwrap();
+        let mut obs = Observation {
+            nodes: scene.node_objects(),
+            services: scene.service_objects(),
+            events: vec![],
+        };
+        for n in &mut obs.nodes {
+            let spec = n.spec.as_mut().unwrap();
+            spec.provider_id = Some("fake://x".into());
+            spec.taints = None;
+            n.status
+                .as_mut()
+                .unwrap()
+                .conditions
+                .as_mut()
+                .unwrap()
+                .push(NodeCondition {
+                    type_: "NetworkUnavailable".into(),
+                    status: "False".into(),
+                    ..Default::default()
+                });
+        }
+        let served: Vec<usize> = (0..obs.services.len())
+            .filter(|i| expectations().server_of(&obs.services[*i]).is_some())
+            .collect();
+        assert_eq!(served.len(), 2, "two served Services in the scene");
+        for i in &served {
+            obs.services[*i].status = Some(ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(vec![LoadBalancerIngress {
+                        ip: Some("198.18.0.1".into()),
+                        ..Default::default()
+                    }]),
+                }),
+                ..Default::default()
+            });
+        }
+        let p = evaluate(&scene, &expectations(), &obs);
+        assert_eq!(p.pending.len(), 1, "{:?}", p.pending);
+        assert!(
+            p.pending[0].contains("all got 198.18.0.1 from provider fake")
+                && p.pending[0].contains("lb-distinct"),
+            "{}",
+            p.pending[0]
+        );
+        let shared = Expectations::single(
+            ProviderExpectations {
+                shared_addresses: true,
+                ..fake()
+            },
+            2,
+        );
+        let p = evaluate(&scene, &shared, &obs);
+        assert!(p.converged(), "{:?}", p.pending);
     }
 
     #[test]

@@ -340,7 +340,12 @@ fn generated_cluster_cidr(nodes: usize) -> Option<String> {
 impl Scenario {
     /// Read and parse a scenario file (YAML or JSON).
     pub fn read(path: &Path) -> Result<Scenario, String> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::args::read_input_file(path)
+            .and_then(|b| {
+                String::from_utf8(b).map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error())
+                })
+            })
             .map_err(|e| format!("cannot read --scenario {}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| format!("invalid scenario {}: {e}", path.display()))
     }

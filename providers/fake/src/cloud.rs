@@ -59,6 +59,9 @@ impl Capabilities {
     }
 }
 
+/// How often a `stuck` call looks whether the live settings still list its method.
+const STUCK_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The settings in force, indexed for O(1) lookups. Replaced as a whole on a control change.
 pub(crate) struct Settings {
     pub(crate) config: FakeConfig,
@@ -438,9 +441,15 @@ impl FakeCloud {
         args: serde_json::Value,
         ctx: &CallContext,
     ) -> Result<Arc<Settings>> {
-        let s = self.settings();
+        let mut s = self.settings();
         ccm_provider_abi::log::debug!("fake cloud: {method} {args}");
         self.inner.log.record(call, args);
+        // `stuck`: block without looking at the context, until the live settings drop the
+        // method (a control-file change).
+        while s.faults.stuck(method) {
+            std::thread::sleep(STUCK_POLL);
+            s = self.settings();
+        }
         s.faults.apply(method, ctx, &self.inner.counters, &|| {
             self.inner
                 .log

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ccm_provider_abi::ProviderError;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Every method name accepted as a key of `errors`, `latency`, `pause` and in `panics` / `hang`
+/// Every method name accepted as a key of `errors`, `latency`, `pause` and in `panics` / `hang` / `stuck`
 /// (the upstream Go method names), plus `"*"` for "every method".
 pub const METHODS: &[&str] = &[
     "Initialize",
@@ -157,6 +157,11 @@ pub struct FakeConfig {
     /// Methods that block until the call is cancelled or past its deadline.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hang: Vec<String>,
+    /// Methods that block *ignoring* their cancellation and deadline, while the method stays
+    /// listed here (a control-file change that drops it releases them): a plugin thread the
+    /// host cannot get back.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stuck: Vec<String>,
     /// Methods that block at their start while the given file exists.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub pause: BTreeMap<String, PathBuf>,
@@ -218,6 +223,7 @@ impl Default for FakeConfig {
             latency: BTreeMap::new(),
             panics: Vec::new(),
             hang: Vec::new(),
+            stuck: Vec::new(),
             pause: BTreeMap::new(),
             health: None,
             reconfigure: ReconfigureMode::InPlace,
@@ -699,6 +705,9 @@ impl FakeConfig {
         }
         for m in &self.hang {
             check_method("hang", m)?;
+        }
+        for m in &self.stuck {
+            check_method("stuck", m)?;
         }
         let specs = self
             .errors

@@ -20,6 +20,7 @@ pub(crate) struct Faults {
     latency: HashMap<String, Duration>,
     panics: HashSet<String>,
     hang: HashSet<String>,
+    stuck: HashSet<String>,
     pause: HashMap<String, PathBuf>,
     /// False when no fault of any kind is configured (the common, fast case).
     any: bool,
@@ -32,6 +33,7 @@ impl Faults {
             latency: c.latency.iter().map(|(k, v)| (k.clone(), v.0)).collect(),
             panics: c.panics.iter().cloned().collect(),
             hang: c.hang.iter().cloned().collect(),
+            stuck: c.stuck.iter().cloned().collect(),
             pause: c.pause.clone().into_iter().collect(),
             any: false,
         };
@@ -39,6 +41,7 @@ impl Faults {
             && f.latency.is_empty()
             && f.panics.is_empty()
             && f.hang.is_empty()
+            && f.stuck.is_empty()
             && f.pause.is_empty());
         Self { any, ..f }
     }
@@ -51,6 +54,12 @@ impl Faults {
 
     fn listed(set: &HashSet<String>, method: &str) -> bool {
         set.contains(method) || set.contains(ALL_METHODS)
+    }
+
+    /// Whether `method` is listed in `stuck` (blocks ignoring its cancellation; the cloud
+    /// polls the live settings to release it).
+    pub(crate) fn stuck(&self, method: &str) -> bool {
+        self.any && Self::listed(&self.stuck, method)
     }
 
     /// Run the faults configured for `method`, in order: pause gate, latency, hang, panic, error.

@@ -66,7 +66,10 @@ use crate::events::{service_ref, EventRecorder, EventType};
 use crate::informer::Change;
 use crate::patches::{is_not_found, patch_service_status};
 use crate::provider::Throttled;
-use crate::well_known::{LB_CLEANUP_FINALIZER, LB_PROVIDER_ANNOTATION};
+use crate::well_known::{
+    LB_CLEANUP_FINALIZER, LB_PROVIDER_ANNOTATION, LB_PROVIDER_CONDITION,
+    LB_PROVIDER_CONDITION_REASON,
+};
 use crate::workqueue::WorkQueue;
 
 pub use predicates::ClassPolicy;
@@ -89,6 +92,34 @@ pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
 pub const SERVICE_SYNC_PERIOD: Duration = Duration::from_secs(30);
 
 const NO_NODES_MESSAGE: &str = "There are no available nodes for LoadBalancer";
+
+/// Event reason (Warning, beyond upstream) when a Service's [`LB_PROVIDER_ANNOTATION`] names
+/// another provider than the one that owns its load balancer: the annotation is ignored.
+pub const LB_PROVIDER_ANNOTATION_IGNORED: &str = "LoadBalancerProviderAnnotationIgnored";
+
+/// The provider the host recorded as owner of `svc`'s load balancer ([`LB_PROVIDER_CONDITION`]).
+pub fn recorded_lb_provider(svc: &Service) -> Option<&str> {
+    svc.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == LB_PROVIDER_CONDITION)
+        .map(|c| c.message.as_str())
+        .filter(|m| !m.is_empty())
+}
+
+fn lb_provider_annotation(svc: &Service) -> Option<&str> {
+    svc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LB_PROVIDER_ANNOTATION))
+        .map(String::as_str)
+}
+
+fn is_load_balancer(svc: &Service) -> bool {
+    svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+}
 
 /// Start condition: the provider must support load balancers.
 pub fn check(ctx: &ControllerContext) -> Result<(), NotStarted> {
@@ -293,22 +324,60 @@ impl ServiceController {
 
     /// Whether this controller's provider is the one to act on `svc` at all. One provider
     /// without ownership: always (upstream). With ownership enforced (hybrid clusters, or one
-    /// host per provider): the provider the Service's [`LB_PROVIDER_ANNOTATION`] names, else
-    /// the one its class (or classlessness) maps to; so no provider ever cleans up, or drops
-    /// the finalizer of, another provider's load balancer.
+    /// host per provider), decided from what users cannot change behind the host's back, so no
+    /// provider ever cleans up, or drops the finalizer of, another provider's load balancer:
+    ///
+    /// 1. the host's own record, [`LB_PROVIDER_CONDITION`] in `status` (written through
+    ///    `services/status`, which editing a Service does not reach);
+    /// 2. else, for a `LoadBalancer` Service, its class (or classlessness): the API server
+    ///    keeps `loadBalancerClass` immutable while the type is `LoadBalancer`;
+    /// 3. else (a Service that stopped being a LoadBalancer before the host recorded it) the
+    ///    [`LB_PROVIDER_ANNOTATION`] written with the finalizer, else the class.
+    ///
+    /// An annotation that disagrees with 1 or 2 is ignored with a Warning event
+    /// ([`LB_PROVIDER_ANNOTATION_IGNORED`]).
     fn responsible(&self, svc: &Service) -> bool {
         let Some(me) = self.ctx.lb_provider.as_deref() else {
             return true;
         };
-        match svc
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(LB_PROVIDER_ANNOTATION))
-        {
+        if let Some(owner) = recorded_lb_provider(svc) {
+            return owner == me;
+        }
+        if is_load_balancer(svc) {
+            return self.policy.claims(svc);
+        }
+        match lb_provider_annotation(svc) {
             Some(owner) => owner == me,
             None => self.policy.claims(svc),
         }
+    }
+
+    /// With ownership enforced, a Service this provider is responsible for whose
+    /// [`LB_PROVIDER_ANNOTATION`] names another provider: say once per sync that it is ignored.
+    fn warn_forged_annotation(&self, svc: &Service) {
+        let Some(me) = self.ctx.lb_provider.as_deref() else {
+            return;
+        };
+        let Some(named) = lb_provider_annotation(svc) else {
+            return;
+        };
+        if named == me {
+            return;
+        }
+        let by = if recorded_lb_provider(svc).is_some() {
+            format!("the host's record ({LB_PROVIDER_CONDITION} in status)")
+        } else {
+            "its load balancer class".to_string()
+        };
+        tracing::warn!(controller = NAME, service = %service_key(svc), "{LB_PROVIDER_ANNOTATION}={named} ignored: the load balancer is {me}'s by {by}");
+        self.event(
+            svc,
+            EventType::Warning,
+            LB_PROVIDER_ANNOTATION_IGNORED,
+            format!(
+                "Annotation {LB_PROVIDER_ANNOTATION}={named} ignored: this Service's load balancer is provider {me}'s by {by}; {me} keeps serving and cleaning it up"
+            ),
+        );
     }
 
     fn cluster(&self) -> &str {
@@ -601,6 +670,7 @@ impl ServiceController {
             // Another provider's Service (hybrid clusters): not ours to touch.
             return Ok(());
         }
+        self.warn_forged_annotation(&svc);
         if let Some(cached) = self.cached_service(key) {
             if cached.metadata.uid != svc.metadata.uid {
                 // Deleted and re-created (without the finalizer) between two syncs.
@@ -781,17 +851,33 @@ impl ServiceController {
     }
 
     async fn add_finalizer(&self, svc: &Service) -> Result<(), kube::Error> {
-        if has_lb_finalizer(svc) {
+        let recorded = match &self.ctx.lb_provider {
+            Some(provider) => recorded_lb_provider(svc) == Some(provider.as_ref()),
+            None => true,
+        };
+        if has_lb_finalizer(svc) && recorded {
             return Ok(());
         }
         let body = match &self.ctx.lb_provider {
             // Ownership enforced (several providers, or one host per provider): the Service
             // also records whose load balancer it gets, so the cleanup after a type change
-            // (which clears the class) is that provider's alone.
-            Some(provider) => json!({"metadata": {
-                "finalizers": [LB_CLEANUP_FINALIZER],
-                "annotations": {LB_PROVIDER_ANNOTATION: provider.as_ref()},
-            }}),
+            // (which clears the class) is that provider's alone: in status, where editing the
+            // Service cannot reach ([`Self::responsible`]), and as an annotation for people.
+            Some(provider) => json!({
+                "metadata": {
+                    "finalizers": [LB_CLEANUP_FINALIZER],
+                    "annotations": {LB_PROVIDER_ANNOTATION: provider.as_ref()},
+                },
+                "status": {"conditions": [{
+                    "type": LB_PROVIDER_CONDITION,
+                    "status": "True",
+                    "reason": LB_PROVIDER_CONDITION_REASON,
+                    "message": provider.as_ref(),
+                    "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ),
+                }]},
+            }),
             None => json!({"metadata": {"finalizers": [LB_CLEANUP_FINALIZER]}}),
         };
         patch_service_status(&self.ctx.client, svc, &body)
