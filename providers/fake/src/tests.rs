@@ -1004,6 +1004,91 @@ fn health_follows_the_health_setting() {
     assert!(FakeCloud::new(FAKE, Flavour::Fake, Some(b"health: {kind: retry_after}")).is_err());
 }
 
+/// Poll `dir/cloud.json` until `pred` holds (5 s at most).
+fn wait_for_state(dir: &Path, pred: impl Fn(&FakeState) -> bool) -> FakeState {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let state = FakeState::read(dir).unwrap();
+        if pred(&state) {
+            return state;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "cloud.json never matched: {state:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn cloud_json_is_written_off_the_lock_and_a_burst_of_changes_is_one_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = state_dir_cloud(dir.path(), "");
+    let x = ctx();
+    let written_at_start = c.state_file_writes();
+    let started = std::time::Instant::now();
+    for i in 0..300 {
+        c.create_route(
+            &x,
+            "kubernetes",
+            &format!("uid-{i}"),
+            &Route {
+                target_node: format!("n{i}"),
+                destination_cidr: format!("10.{}.{}.0/24", i / 256, i % 256),
+                ..Route::default()
+            },
+        )
+        .unwrap();
+    }
+    let burst = started.elapsed();
+    let state = wait_for_state(dir.path(), |s| s.routes.len() == 300);
+    assert_eq!(state, c.state());
+    let writes = c.state_file_writes() - written_at_start;
+    // One write per STATE_WRITE_INTERVAL of the burst, plus the first and the last.
+    let bound = 2 + (burst.as_millis() / crate::cloud::STATE_WRITE_INTERVAL.as_millis()) as u64;
+    assert!(
+        (1..=bound).contains(&writes),
+        "{writes} writes for 300 changes in {burst:?} (at most {bound})"
+    );
+    // The last change is written when the cloud goes, even within the interval.
+    c.create_route(
+        &x,
+        "kubernetes",
+        "uid-last",
+        &Route {
+            target_node: "last".into(),
+            destination_cidr: "10.9.0.0/24".into(),
+            ..Route::default()
+        },
+    )
+    .unwrap();
+    drop(c);
+    wait_for_state(dir.path(), |s| s.routes.len() == 301);
+}
+
+#[test]
+fn reconfigure_to_the_provider_name_in_force_is_no_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |extra: &str| format!("stateDir: {}\n{extra}", dir.path().display());
+    let x = ctx();
+    // Registered as `fake`, no providerName: naming `fake` changes nothing.
+    let c = state_dir_cloud(dir.path(), "");
+    c.reconfigure(&x, text("providerName: fake\n").as_bytes())
+        .unwrap();
+    c.reconfigure(&x, text("").as_bytes()).unwrap();
+    let e = c
+        .reconfigure(&x, text("providerName: aws\n").as_bytes())
+        .unwrap_err();
+    assert!(e.message().contains("providerName"), "{}", e.message());
+    drop(c);
+    // providerName: aws in force: naming it again, or leaving it as it is, changes nothing.
+    let c = state_dir_cloud(dir.path(), "providerName: aws\n");
+    c.reconfigure(&x, text("providerName: aws\n").as_bytes())
+        .unwrap();
+    let e = c.reconfigure(&x, text("").as_bytes()).unwrap_err();
+    assert!(e.message().contains("providerName"), "{}", e.message());
+}
+
 #[test]
 fn call_log_and_cloud_state_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -1044,8 +1129,8 @@ fn call_log_and_cloud_state_files() {
     assert_eq!(lines[1]["args"], json!({"providerID": "aws://n1"}));
     assert_eq!(lines[2]["call"], "create-route");
 
-    let state = FakeState::read(dir.path()).unwrap();
-    assert_eq!(state, c.state());
+    // cloud.json is written by the writer thread, shortly after the change.
+    let state = wait_for_state(dir.path(), |s| *s == c.state());
     assert_eq!(state.load_balancers[0].hosts, ["a", "b"]);
     assert_eq!(state.routes[0].name, "kubernetes-a-10.244.0.0/24");
 
