@@ -419,6 +419,61 @@ fn plugin_logs_reach_the_host_log_with_the_plugin_name() {
     assert!(line.contains("misbehaving/src/lib.rs"), "{line}");
 }
 
+#[test]
+fn plugins_exits_non_zero_when_nothing_loaded_and_lists_without_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |plugins: &std::path::Path| {
+        let out = Command::new(BIN)
+            .arg("plugins")
+            .arg("--plugin-dir")
+            .arg(plugins)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // An empty directory.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, stdout, stderr) = run(&empty);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert_eq!(stdout, "no plugins loaded\n");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: no plugin loaded from {} (no *.so file there)\n",
+            empty.display()
+        )
+    );
+    // Only files that are refused: listed with their reasons, exit 1.
+    let junk = dir.path().join("junk");
+    std::fs::create_dir(&junk).unwrap();
+    std::fs::write(junk.join("libjunk.so"), b"not an ELF file").unwrap();
+    let (code, stdout, stderr) = run(&junk);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("refused:\n  ") && stdout.contains("libjunk.so: "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.ends_with("(1 file(s) refused, each listed with the reason)\n"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "no log line besides: {stderr}");
+    // A plugin and a refused file: exit 0, the listing alone (no INFO or ERROR line per file).
+    let plugins = plugin_dir(dir.path());
+    std::fs::write(plugins.join("libjunk.so"), b"not an ELF file").unwrap();
+    let (code, stdout, stderr) = run(&plugins);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("provider fake "), "{stdout}");
+    assert!(stdout.contains("libjunk.so: "), "{stdout}");
+    assert_eq!(stderr, "", "the listing says it all");
+}
+
 /// GET `path` over plain HTTP: `None` when no HTTP answer comes.
 fn plain_http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};

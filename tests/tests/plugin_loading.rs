@@ -320,7 +320,13 @@ fn insecure_files_and_directories_are_refused_unless_allowed() {
         reason.contains("writable by group or others (mode 666)"),
         "{reason}"
     );
-    assert!(reason.contains("--allow-insecure-plugins"), "{reason}");
+    assert!(
+        reason.contains(&format!(
+            "fix it with `chmod go-w {}` or pass --allow-insecure-plugins",
+            std::fs::canonicalize(&plugin).unwrap().display()
+        )),
+        "{reason}"
+    );
 
     let allowed = PluginRegistry::load_dirs(
         &[dir.path().to_path_buf()],
@@ -339,6 +345,14 @@ fn insecure_files_and_directories_are_refused_unless_allowed() {
     let msg = err.to_string();
     assert!(
         msg.contains("is writable by group or others (mode 777)"),
+        "{msg}"
+    );
+    // The message names the command that fixes it.
+    assert!(
+        msg.contains(&format!(
+            "fix it with `chmod go-w {}` or pass --allow-insecure-plugins",
+            dir.path().display()
+        )),
         "{msg}"
     );
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();

@@ -260,7 +260,11 @@ impl Drop for WorkDir {
 
 /// The flags of `ccm-host run`, parsed the way `run` parses them.
 #[derive(Debug, Parser)]
-#[command(name = "ccm-host sandbox --", no_binary_name = false)]
+#[command(
+    name = "ccm-host sandbox --",
+    no_binary_name = false,
+    allow_negative_numbers = true
+)]
 struct DaemonFlags {
     #[command(flatten)]
     run: RunArgs,
@@ -532,9 +536,7 @@ impl Sandbox {
         // The default directories hold whatever cargo built next to the binary (test fixtures
         // among them): load them without logging the files that are not plugins.
         let registry = if quiet {
-            tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-                PluginRegistry::load_dirs(&dirs, &loader)
-            })
+            PluginRegistry::load_dirs_quietly(&dirs, &loader)
         } else {
             PluginRegistry::load_dirs(&dirs, &loader)
         }
