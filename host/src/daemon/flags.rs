@@ -485,7 +485,11 @@ impl RunArgs {
 
     /// The flags given that have no effect in ccm-host (see [`UpstreamArgs::no_effect`]).
     pub fn no_effect_flags(&self) -> Vec<String> {
-        self.upstream.no_effect()
+        let mut names = self.upstream.no_effect();
+        if let Ok(selection) = ControllerSelection::parse(&self.controllers) {
+            names.extend(selection.vendor_only());
+        }
+        names
     }
 }
 
