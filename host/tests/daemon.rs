@@ -309,6 +309,51 @@ async fn one_leader_takeover_on_kill_and_sigterm_releases_the_lease() {
     let code = tokio::task::block_in_place(|| standby.wait_exit(Duration::from_secs(15)));
     assert_eq!(code, Some(0), "SIGTERM exits 0");
     assert_eq!(holder(&server), None, "the lease is released on SIGTERM");
+    assert!(
+        standby.read_log().contains("released the lease"),
+        "{}",
+        standby.read_log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_never_led_does_not_claim_to_release_the_lease() {
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    // Someone else holds the lease for an hour.
+    server
+        .controls()
+        .seed(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "cloud-controller-manager", "namespace": "kube-system"},
+            "spec": {
+                "holderIdentity": "someone-else",
+                "leaseDurationSeconds": 3600,
+                "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    k8s_openapi::jiff::Timestamp::now()
+                ),
+            }
+        }))
+        .unwrap();
+    let mut standby = Replica::start(dir.path(), "standby", &kubeconfig, &[]);
+    tokio::task::block_in_place(|| {
+        wait_until("waiting for the lease", Duration::from_secs(30), || {
+            standby.read_log().contains("waiting for the lease")
+        })
+    });
+    standby.signal(libc::SIGTERM);
+    let code = tokio::task::block_in_place(|| standby.wait_exit(Duration::from_secs(15)));
+    assert_eq!(code, Some(0));
+    let log = standby.read_log();
+    assert!(
+        log.contains("stopped while waiting for the lease (never led: nothing to release)"),
+        "{log}"
+    );
+    assert!(!log.contains("released the lease"), "{log}");
+    assert_eq!(holder(&server).as_deref(), Some("someone-else"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
