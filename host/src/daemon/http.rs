@@ -6,7 +6,9 @@
 //! once the provider is loaded and the API client is built (a standby replica is ready), and
 //! only while its readiness checks pass: `cloud-provider`, the provider's own health probe
 //! (ABI 1.1, when it offers one; see `provider_health`). `/readyz/<check>` runs one. A failing
-//! `/readyz` lists every check as `[+]name ok` / `[-]name failed: reason`, as the API server does.
+//! `/readyz` lists every check as `[+]name ok` / `[-]name failed: reason`, as the API server does;
+//! with `?verbose` a passing `/healthz` or `/readyz` lists them too, ending
+//! `healthz check passed` (`readyz check passed`), as upstream's.
 //!
 //! They are served over HTTPS only (a self-signed certificate unless one is given, see
 //! [`super::serving`]), behind delegated authentication and authorization
@@ -17,7 +19,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -131,8 +133,22 @@ impl Health {
     }
 }
 
-async fn healthz(State((health, _)): State<(Health, Arc<Registry>)>) -> impl IntoResponse {
+/// Whether the query asks for the verbose report (`?verbose`, `?verbose=true`, `?verbose=1`).
+fn verbose(query: Option<&str>) -> bool {
+    query.is_some_and(|q| {
+        q.split('&')
+            .any(|kv| matches!(kv, "verbose" | "verbose=" | "verbose=true" | "verbose=1"))
+    })
+}
+
+async fn healthz(
+    State((health, _)): State<(Health, Arc<Registry>)>,
+    RawQuery(query): RawQuery,
+) -> impl IntoResponse {
     match health.run_checks(None) {
+        Some((true, report)) if verbose(query.as_deref()) => {
+            (StatusCode::OK, format!("{report}healthz check passed\n"))
+        }
         Some((true, _)) => (StatusCode::OK, "ok".to_string()),
         Some((false, report)) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -156,7 +172,10 @@ async fn healthz_one(
     }
 }
 
-async fn readyz(State((health, _)): State<(Health, Arc<Registry>)>) -> impl IntoResponse {
+async fn readyz(
+    State((health, _)): State<(Health, Arc<Registry>)>,
+    RawQuery(query): RawQuery,
+) -> impl IntoResponse {
     if !health.ready.load(std::sync::atomic::Ordering::Acquire) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready".to_string());
     }
@@ -165,6 +184,10 @@ async fn readyz(State((health, _)): State<(Health, Arc<Registry>)>) -> impl Into
             StatusCode::SERVICE_UNAVAILABLE,
             format!("{report}readyz check failed\n"),
         ),
+        Some((true, report)) if verbose(query.as_deref()) => {
+            (StatusCode::OK, format!("{report}readyz check passed\n"))
+        }
+        None if verbose(query.as_deref()) => (StatusCode::OK, "readyz check passed\n".to_string()),
         _ => (StatusCode::OK, "ok".to_string()),
     }
 }
