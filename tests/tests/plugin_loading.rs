@@ -360,7 +360,9 @@ fn insecure_files_and_directories_are_refused_unless_allowed() {
     let missing = PluginRegistry::load_dirs(&[dir.path().join("nope")], &LoaderOptions::default())
         .unwrap_err();
     assert!(
-        missing.to_string().contains("No such file or directory"),
+        missing.to_string().contains(
+            "No such file or directory (os error 2); name the directory of your plugins with --plugin-dir DIR (or CCM_PLUGIN_DIR)"
+        ),
         "{missing}"
     );
 }

@@ -45,7 +45,15 @@ pub(super) fn plugin_files(
         path: dir.to_path_buf(),
         reason,
     };
-    let meta = fs::metadata(dir).map_err(|e| err(e.to_string()))?;
+    let meta = fs::metadata(dir).map_err(|e| {
+        err(if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "{e}; name the directory of your plugins with --plugin-dir DIR (or CCM_PLUGIN_DIR)"
+            )
+        } else {
+            e.to_string()
+        })
+    })?;
     if !meta.is_dir() {
         return Err(err("not a directory".into()));
     }
