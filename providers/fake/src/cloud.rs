@@ -464,11 +464,10 @@ impl FakeCloud {
     }
 
     /// Change the cloud state; `f` returns whether it changed anything, in which case
-    /// `cloud.json` is rewritten: by the writer thread, off the state lock and at most once per
-    /// [`STATE_WRITE_INTERVAL`] (a 2,000-node cloud's file is megabytes, and writing it under
-    /// the lock after every change made concurrent calls wait for each other's writes); with
-    /// `sharedState` at once under the lock, as the file is then the cloud other processes take
-    /// over.
+    /// `cloud.json` is rewritten off the state lock ([`StateWriter`]): a 2,000-node cloud's file
+    /// is megabytes, and writing it under the lock after every change made concurrent calls wait
+    /// for each other's writes past their deadline. With `sharedState` it is written at once
+    /// under the lock, as the file is then the cloud other processes take over.
     pub(crate) fn mutate<R>(&self, f: impl FnOnce(&mut CloudState) -> (R, bool)) -> R {
         let mut state = lock(&self.inner.state);
         let (r, changed) = f(&mut state);
@@ -479,7 +478,7 @@ impl FakeCloud {
                 } else {
                     w.generation.fetch_add(1, Ordering::SeqCst);
                     drop(state);
-                    w.mark_dirty();
+                    w.changed(&self.inner);
                 }
             }
         }
@@ -496,25 +495,39 @@ impl FakeCloud {
     }
 }
 
-/// The shortest time between two writes of `cloud.json` by the writer thread: changes within
+/// How long the writer thread waits between two writes of a burst handed to it: changes within
 /// it are written together.
 pub(crate) const STATE_WRITE_INTERVAL: Duration = Duration::from_millis(200);
 
-/// Keeps `cloud.json` up to date off the state lock: a change bumps the generation and marks
-/// the state dirty; the writer thread takes a snapshot (briefly under the lock), writes it
-/// outside the lock, then waits [`STATE_WRITE_INTERVAL`] before it looks again. When the cloud
-/// is dropped, a change not yet written is written then.
+/// Writes of one caller in a row before it hands the rest of a burst to the writer thread.
+const CALLER_ROUNDS: usize = 2;
+
+/// Keeps `cloud.json` up to date off the state lock, coalescing changes:
+/// - the call whose change finds no write in progress writes the file itself (a snapshot taken
+///   briefly under the state lock, written outside it), so a lone change is on disk when its
+///   call returns;
+/// - a change made while a write is in progress only marks the file dirty: the writing call
+///   writes again (one write for every change made meanwhile) before it returns;
+/// - after [`CALLER_ROUNDS`] writes in a row, a burst that keeps going is handed to the writer
+///   thread, which writes at most every [`STATE_WRITE_INTERVAL`] until the changes stop.
+///
+/// When the cloud is dropped, a change not yet written is written then.
 pub(crate) struct StateWriter {
     pub(crate) file: StateFile,
     /// Bumped under the state lock with every change.
     generation: AtomicU64,
-    wake: Mutex<WriterFlags>,
+    flags: Mutex<WriterFlags>,
     cv: Condvar,
 }
 
 #[derive(Default)]
 struct WriterFlags {
+    /// A call or the thread is writing (and will look at `dirty` before it stops).
+    writing: bool,
+    /// A change not yet in a snapshot being written.
     dirty: bool,
+    /// The writer thread owns the writing.
+    handed_off: bool,
     closed: bool,
 }
 
@@ -523,35 +536,66 @@ impl StateWriter {
         Self {
             file,
             generation: AtomicU64::new(0),
-            wake: Mutex::new(WriterFlags::default()),
+            flags: Mutex::new(WriterFlags::default()),
             cv: Condvar::new(),
         }
     }
 
-    fn mark_dirty(&self) {
-        lock(&self.wake).dirty = true;
-        self.cv.notify_one();
+    /// Snapshot the state (under its lock) and write it (outside).
+    fn write_now(&self, inner: &Inner) {
+        let (generation, snapshot) = {
+            let state = lock(&inner.state);
+            (self.generation.load(Ordering::SeqCst), state.snapshot())
+        };
+        self.file.write_generation(generation, &snapshot);
     }
 
-    /// Wait for a change; false once the cloud is gone.
-    fn wait_dirty(&self) -> bool {
-        let mut flags = lock(&self.wake);
-        while !flags.dirty && !flags.closed {
+    /// A change was made (the state lock released).
+    fn changed(&self, inner: &Inner) {
+        {
+            let mut flags = lock(&self.flags);
+            if flags.writing {
+                flags.dirty = true;
+                return;
+            }
+            flags.writing = true;
+        }
+        for round in 1.. {
+            self.write_now(inner);
+            let mut flags = lock(&self.flags);
+            if !flags.dirty {
+                flags.writing = false;
+                return;
+            }
+            flags.dirty = false;
+            if round >= CALLER_ROUNDS {
+                // Still changing: the thread takes over, the call returns.
+                flags.dirty = true;
+                flags.handed_off = true;
+                drop(flags);
+                self.cv.notify_one();
+                return;
+            }
+        }
+    }
+
+    /// The writer thread: waits for a burst handed to it; `false` once the cloud is gone.
+    fn wait_handoff(&self) -> bool {
+        let mut flags = lock(&self.flags);
+        while !flags.handed_off && !flags.closed {
             flags = self.cv.wait(flags).unwrap_or_else(PoisonError::into_inner);
         }
-        let go = !flags.closed;
-        flags.dirty = false;
-        go
+        !flags.closed
     }
 
     /// Stop the thread; whether a change was left unwritten.
     fn close(&self) -> bool {
-        let mut flags = lock(&self.wake);
+        let mut flags = lock(&self.flags);
         flags.closed = true;
-        let dirty = std::mem::take(&mut flags.dirty);
+        let unwritten = flags.dirty || flags.handed_off;
         drop(flags);
         self.cv.notify_one();
-        dirty
+        unwritten
     }
 
     fn spawn(self: &Arc<Self>, cloud: Weak<Inner>) -> Result<()> {
@@ -559,15 +603,26 @@ impl StateWriter {
         std::thread::Builder::new()
             .name("fake-cloud-state".into())
             .spawn(move || {
-                while writer.wait_dirty() {
-                    let Some(inner) = cloud.upgrade() else { return };
-                    let (generation, snapshot) = {
-                        let state = lock(&inner.state);
-                        (writer.generation.load(Ordering::SeqCst), state.snapshot())
-                    };
-                    drop(inner);
-                    writer.file.write_generation(generation, &snapshot);
-                    std::thread::sleep(STATE_WRITE_INTERVAL);
+                while writer.wait_handoff() {
+                    loop {
+                        std::thread::sleep(STATE_WRITE_INTERVAL);
+                        {
+                            let mut flags = lock(&writer.flags);
+                            if flags.closed {
+                                return;
+                            }
+                            flags.dirty = false;
+                        }
+                        let Some(inner) = cloud.upgrade() else { return };
+                        writer.write_now(&inner);
+                        drop(inner);
+                        let mut flags = lock(&writer.flags);
+                        if !flags.dirty {
+                            flags.handed_off = false;
+                            flags.writing = false;
+                            break;
+                        }
+                    }
                 }
             })
             .map(drop)

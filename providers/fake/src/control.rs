@@ -5,8 +5,8 @@
 //! - [`CALLS_FILE`] (`calls.jsonl`): one JSON line per provider call ([`CallRecord`]).
 //! - [`STATE_FILE`] (`cloud.json`): the cloud's load balancers and routes ([`FakeState`] of
 //!   [`LoadBalancerRecord`]s and [`RouteRecord`]s, the types the cloud keeps them in),
-//!   rewritten atomically after changes: by the cloud's writer thread, at most every 200 ms and
-//!   off the state lock (with `sharedState`: at once, under the lock), so readers poll it.
+//!   rewritten atomically after changes, off the state lock and coalesced (`cloud::StateWriter`;
+//!   with `sharedState`: at once, under the lock).
 //!
 //! The free functions here are the test side of that contract.
 
