@@ -7,6 +7,12 @@ use clap::{Args, ValueEnum};
 
 use crate::plugin::LoaderOptions;
 
+/// The plugin directory of the image (`deploy/Dockerfile`): the default of `--plugin-dir`.
+pub const DEFAULT_PLUGIN_DIR: &str = "/usr/lib/ccm-host/plugins";
+
+/// The help heading of the plugin flags.
+const PLUGIN_HEADING: &str = "Plugins (ccm-host)";
+
 /// Where plugins come from (shared by every command that loads them).
 #[derive(Debug, Clone, Args)]
 pub struct PluginDirArgs {
@@ -15,11 +21,12 @@ pub struct PluginDirArgs {
         long = "plugin-dir",
         env = "CCM_PLUGIN_DIR",
         value_delimiter = ':',
-        required = true
+        default_value = DEFAULT_PLUGIN_DIR,
+        help_heading = PLUGIN_HEADING
     )]
     pub plugin_dirs: Vec<PathBuf>,
     /// Load plugin files or directories writable by group/others or owned by another user.
-    #[arg(long)]
+    #[arg(long, help_heading = PLUGIN_HEADING)]
     pub allow_insecure_plugins: bool,
 }
 

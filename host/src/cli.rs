@@ -27,6 +27,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the cloud-controller-manager (upstream flags).
+    #[command(allow_negative_numbers = true)]
     Run(Box<crate::daemon::RunArgs>),
     /// List every plugin file, the providers it registered, its ABI version and capabilities,
     /// and every refused file with the reason.
@@ -58,16 +59,48 @@ fn parse_log_format(value: &str) -> Result<LogFormat, String> {
     }
 }
 
+/// What `-v` without a number (ccm-host's old switch) gets.
+const VERBOSITY_HINT: &str =
+    "-v takes a number (klog verbosity) since ccm-host follows upstream's flags: \
+     -v is now -v 4 (debug), -vv is -v 5 (trace)";
+
+/// The commands, which a `-v` before them does not take as its number.
+const COMMANDS: [&str; 5] = ["run", "plugins", "sandbox", "check", "new-provider"];
+
+/// `-v`/`--v` with no number after it (the last argument, or another flag or a command
+/// follows, as in old scripts' `sandbox -v --plugin-dir DIR`): the error with the migration
+/// hint, where clap would only say that a value is required. Nothing after a bare `--`.
+pub fn verbosity_without_number(args: &[std::ffi::OsString]) -> Option<String> {
+    let mut rest = args.iter().skip(1).map(|a| a.to_str()).peekable();
+    while let Some(arg) = rest.next() {
+        match arg {
+            Some("--") => return None,
+            Some("-v" | "--v") => match rest.peek().copied().flatten() {
+                None => return Some(format!("error: {VERBOSITY_HINT}")),
+                Some(next)
+                    if (next.starts_with('-') && next.parse::<i64>().is_err())
+                        || COMMANDS.contains(&next) =>
+                {
+                    return Some(format!("error: {VERBOSITY_HINT}"))
+                }
+                Some(_) => {
+                    rest.next();
+                }
+            },
+            _ => {}
+        }
+    }
+    None
+}
+
 /// klog's `--v`: an unsigned number below 2^31.
 fn parse_verbosity(value: &str) -> Result<u32, String> {
     match value.parse::<u32>() {
         Ok(v) if v <= i32::MAX as u32 => Ok(v),
         Ok(_) => Err(format!("must be <= {}", i32::MAX)),
-        Err(_) if !value.is_empty() && value.chars().all(|c| c == 'v') => Err(
-            "-v takes a number (klog verbosity) since ccm-host follows upstream's flags: \
-             -v is now -v 4 (debug), -vv is -v 5 (trace)"
-                .into(),
-        ),
+        Err(_) if !value.is_empty() && value.chars().all(|c| c == 'v') => {
+            Err(VERBOSITY_HINT.into())
+        }
         Err(_) => Err("not a number: -v/--v takes the klog verbosity, e.g. -v 2 or --v=4".into()),
     }
 }
@@ -324,15 +357,18 @@ impl LoggingArgs {
 /// libraries (kube, hyper, rustls) stay at info below 6, as client-go logs requests from 6.
 pub fn verbosity_filter(v: Option<u32>, quiet: bool) -> (&'static str, u8) {
     use ccm_provider_abi::abi::log_level;
+    // kube's HTTP layer logs `failed with error client error (Connect)` at ERROR for every
+    // request without an answer, naming neither the server nor the reason: the error the
+    // caller logs says both (`kube_clients::TransportError`), so below 6 that line is off.
     match v {
-        None if quiet => ("warn", log_level::WARN),
-        None | Some(0..=2) => ("info", log_level::INFO),
+        None if quiet => ("warn,kube_client::client::builder=off", log_level::WARN),
+        None | Some(0..=2) => ("info,kube_client::client::builder=off", log_level::INFO),
         Some(3..=4) => (
-            "info,ccm_host=debug,ccm_provider_abi=debug,plugin=debug",
+            "info,ccm_host=debug,ccm_provider_abi=debug,plugin=debug,kube_client::client::builder=off",
             log_level::DEBUG,
         ),
         Some(5) => (
-            "info,ccm_host=trace,ccm_provider_abi=trace,plugin=trace",
+            "info,ccm_host=trace,ccm_provider_abi=trace,plugin=trace,kube_client::client::builder=off",
             log_level::TRACE,
         ),
         Some(6..=7) => (
@@ -509,7 +545,8 @@ struct ProviderEntry {
 
 /// `ccm-host plugins`: returns the process exit code.
 pub fn plugins(args: &PluginsArgs, max_log_level: u8, out: &mut dyn Write) -> anyhow::Result<i32> {
-    let registry = match PluginRegistry::load_dirs(
+    // The listing names every loaded and refused file: no log line per file besides.
+    let registry = match PluginRegistry::load_dirs_quietly(
         &args.plugins.plugin_dirs,
         &args.plugins.loader_options(max_log_level),
     ) {
@@ -592,8 +629,32 @@ pub fn plugins(args: &PluginsArgs, max_log_level: u8, out: &mut dyn Write) -> an
         }
         OutputFormat::Text => write_text(&listing, out)?,
     }
+    // Nothing usable in the directories: a failure (for scripts and CI), said on stderr too.
+    if listing.plugins.is_empty() {
+        eprintln!(
+            "error: no plugin loaded from {}{}",
+            args.plugins
+                .plugin_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":"),
+            if listing.refused.is_empty() {
+                " (no *.so file there)".to_string()
+            } else {
+                format!(
+                    " ({} file(s) refused, each listed with the reason)",
+                    listing.refused.len()
+                )
+            }
+        );
+        return Ok(EXIT_NO_PLUGIN);
+    }
     Ok(0)
 }
+
+/// `ccm-host plugins`' exit code when no plugin loaded.
+pub const EXIT_NO_PLUGIN: i32 = 1;
 
 fn write_text(listing: &PluginListing, out: &mut dyn Write) -> std::io::Result<()> {
     if listing.plugins.is_empty() {
@@ -702,11 +763,75 @@ mod tests {
     }
 
     #[test]
+    fn a_v_without_a_number_gets_the_migration_hint() {
+        let args = |a: &[&str]| -> Vec<OsString> {
+            std::iter::once("ccm-host")
+                .chain(a.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        let hint = "error: -v takes a number (klog verbosity) since ccm-host follows upstream's flags: -v is now -v 4 (debug), -vv is -v 5 (trace)";
+        for a in [
+            &["sandbox", "-v", "--plugin-dir", "/p"][..],
+            &["sandbox", "-v"],
+            &["-v", "sandbox"],
+            &["run", "--v", "--cloud-provider=x"],
+        ] {
+            assert_eq!(
+                verbosity_without_number(&args(a)).as_deref(),
+                Some(hint),
+                "{a:?}"
+            );
+        }
+        for a in [
+            &["sandbox", "-v", "2", "--plugin-dir", "/p"][..],
+            &["sandbox", "-v2"],
+            &["sandbox", "--v=2"],
+            &["sandbox", "--", "-v"],
+            &["run", "-v", "-1"],
+        ] {
+            assert_eq!(verbosity_without_number(&args(a)), None, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn negative_values_are_values_for_run_whether_separate_or_not() {
+        for a in [
+            &["run", "--kube-api-qps", "-1"][..],
+            &["run", "--kube-api-qps=-1"],
+        ] {
+            let cli = parse(a).unwrap_or_else(|e| panic!("{a:?}: {e}"));
+            let Command::Run(run) = cli.command else {
+                panic!("not run")
+            };
+            assert_eq!(run.kube_api_qps, -1.0);
+            let errors = run.validate().unwrap_err();
+            assert!(
+                errors.iter().any(|e| e.starts_with("--kube-api-qps")),
+                "{errors:?}"
+            );
+        }
+    }
+
+    #[test]
     fn klog_levels_map_to_tracing_directives_and_the_plugin_level() {
-        assert_eq!(verbosity_filter(None, false), ("info", log_level::INFO));
-        assert_eq!(verbosity_filter(None, true), ("warn", log_level::WARN));
-        assert_eq!(verbosity_filter(Some(0), true), ("info", log_level::INFO));
-        assert_eq!(verbosity_filter(Some(2), false), ("info", log_level::INFO));
+        let quiet_http = ",kube_client::client::builder=off";
+        assert_eq!(
+            verbosity_filter(None, false),
+            (&*format!("info{quiet_http}"), log_level::INFO)
+        );
+        assert_eq!(
+            verbosity_filter(None, true),
+            (&*format!("warn{quiet_http}"), log_level::WARN)
+        );
+        assert_eq!(
+            verbosity_filter(Some(0), true),
+            (&*format!("info{quiet_http}"), log_level::INFO)
+        );
+        assert_eq!(
+            verbosity_filter(Some(2), false),
+            (&*format!("info{quiet_http}"), log_level::INFO)
+        );
         for v in [3, 4] {
             let (directives, level) = verbosity_filter(Some(v), false);
             assert_eq!(level, log_level::DEBUG);

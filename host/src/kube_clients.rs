@@ -22,6 +22,10 @@
 //! client parsed the system's root certificates into a TLS verifier of its own (~90 KB each,
 //! a dozen clients) and kept connections and read buffers of its own: about 1 MiB of the
 //! host's memory target (BENCHMARKS.md, memory).
+//!
+//! A request that never got an answer (no connection, TLS, a timeout) fails with an error that
+//! names the API server's URL and the whole cause chain down to the operating system's reason
+//! ([`TransportError`]), where kube's own says only `client error (Connect)`.
 
 use kube::Client;
 
@@ -82,12 +86,21 @@ impl KubeClients {
         let agent = http::HeaderValue::from_str(&user_agent(name))
             .map_err(|e| format!("invalid client name {name:?}: {e}"))?;
         let base = self.base.clone();
+        let url = self.config.cluster_url.to_string();
         let service = tower::service_fn(move |mut request: http::Request<kube::client::Body>| {
             let base = base.clone();
+            let url = url.clone();
             request
                 .headers_mut()
                 .insert(http::header::USER_AGENT, agent.clone());
-            async move { base.send(request).await }
+            async move {
+                base.send(request).await.map_err(|e| {
+                    kube::Error::Service(Box::new(TransportError::new(
+                        url.trim_end_matches('/'),
+                        &e,
+                    )))
+                })
+            }
         });
         let limiter = FairLimiter::new(self.qps, self.burst);
         let service = tower::Layer::layer(&RateLimitLayer::new(limiter, "kube-api"), service);
@@ -107,6 +120,46 @@ pub fn without_system_roots_for_http(mut config: kube::Config) -> kube::Config {
         config.root_cert = Some(Vec::new());
     }
     config
+}
+
+/// A request to the API server that got no answer: the server's URL and every cause down to
+/// the operating system's (`cannot reach the API server https://10.0.0.1:6443: client error
+/// (Connect): tcp connect error: Connection refused (os error 111)`).
+#[derive(Debug)]
+pub struct TransportError(String);
+
+impl TransportError {
+    /// The error of a request to `url` that failed with `error`.
+    pub fn new(url: &str, error: &(dyn std::error::Error + 'static)) -> Self {
+        let chain = error_chain(error);
+        // kube's wrapper of the HTTP stack's error adds only its own name.
+        let chain = chain.strip_prefix("ServiceError: ").unwrap_or(&chain);
+        Self(format!("cannot reach the API server {url}: {chain}"))
+    }
+}
+
+impl std::fmt::Display for TransportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TransportError {}
+
+/// `error` and its sources, `: `-separated, each once (a source whose text its parent already
+/// contains is left out).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !part.is_empty() && !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = e.source();
+    }
+    text
 }
 
 /// Upstream's User-Agent shape for the client `name`:
@@ -160,5 +213,31 @@ mod tests {
         );
         assert!(agent.ends_with(") ccm-host/leader-election"), "{agent}");
         assert!(!agent.contains("x86_64"), "Go's arch names: {agent}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_api_server_is_named_with_the_os_reason() {
+        // A port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        let config = kube::Config::new(url.parse().unwrap());
+        let client = KubeClients::new(config, 100.0, 100)
+            .unwrap()
+            .client(LEADER_ELECTION)
+            .unwrap();
+        let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        let error = api.list(&Default::default()).await.unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!(
+                "cannot reach the API server {url}: client error (Connect)"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("Connection refused (os error 111)"), "{text}");
     }
 }

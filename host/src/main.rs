@@ -93,6 +93,10 @@ fn main() -> ExitCode {
         println!("{}", cli::version_text(&request));
         return ExitCode::SUCCESS;
     }
+    if let Some(error) = cli::verbosity_without_number(&argv) {
+        eprintln!("{error}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => match e.kind() {

@@ -245,6 +245,54 @@ fn example_provider_passes_with_its_shipped_config() {
     );
 }
 
+#[test]
+fn files_that_are_not_plugins_get_one_line_not_an_error_each() {
+    // The README runs check on target/debug, where cargo puts the test fixtures too.
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugin_dir(dir.path());
+    std::fs::write(plugins.join("libnot_a_plugin.so"), b"not an ELF file").unwrap();
+    std::fs::write(plugins.join("libalso_not.so"), b"").unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let out = Command::new(BIN)
+        .current_dir(root)
+        .args(["check", "--plugin-dir"])
+        .arg(&plugins)
+        .args([
+            "--cloud-provider",
+            "example",
+            "--cloud-config",
+            "providers/example/example.conf",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("ERROR"), "{stderr}");
+    assert!(!stderr.contains("refused plugin"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "check: skipped 2 file(s) of the plugin directories that are not loadable plugins \
+             (`ccm-host plugins --plugin-dir {}` says why)",
+            plugins.display()
+        )),
+        "{stderr}"
+    );
+    // An unknown provider's error still names every refused file with its reason.
+    let out = Command::new(BIN)
+        .args(["check", "--plugin-dir"])
+        .arg(&plugins)
+        .args(["--cloud-provider", "nope"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("2 plugin file(s) were refused") && stderr.contains("libnot_a_plugin.so"),
+        "{stderr}"
+    );
+}
+
 /// Checks failed and skipped: `(id, reason)`.
 type Expected<'a> = &'a [(&'a str, &'a str)];
 

@@ -352,6 +352,51 @@ async fn one_leader_takeover_on_kill_and_sigterm_releases_the_lease() {
     let code = tokio::task::block_in_place(|| standby.wait_exit(Duration::from_secs(15)));
     assert_eq!(code, Some(0), "SIGTERM exits 0");
     assert_eq!(holder(&server), None, "the lease is released on SIGTERM");
+    assert!(
+        standby.read_log().contains("released the lease"),
+        "{}",
+        standby.read_log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_never_led_does_not_claim_to_release_the_lease() {
+    let server = ApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    // Someone else holds the lease for an hour.
+    server
+        .controls()
+        .seed(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "cloud-controller-manager", "namespace": "kube-system"},
+            "spec": {
+                "holderIdentity": "someone-else",
+                "leaseDurationSeconds": 3600,
+                "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    k8s_openapi::jiff::Timestamp::now()
+                ),
+            }
+        }))
+        .unwrap();
+    let mut standby = Replica::start(dir.path(), "standby", &kubeconfig, &[]);
+    tokio::task::block_in_place(|| {
+        wait_until("waiting for the lease", Duration::from_secs(30), || {
+            standby.read_log().contains("waiting for the lease")
+        })
+    });
+    standby.signal(libc::SIGTERM);
+    let code = tokio::task::block_in_place(|| standby.wait_exit(Duration::from_secs(15)));
+    assert_eq!(code, Some(0));
+    let log = standby.read_log();
+    assert!(
+        log.contains("stopped while waiting for the lease (never led: nothing to release)"),
+        "{log}"
+    );
+    assert!(!log.contains("released the lease"), "{log}");
+    assert_eq!(holder(&server).as_deref(), Some("someone-else"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -627,6 +672,61 @@ fn plugin_logs_reach_the_host_log_with_the_plugin_name() {
     assert!(line.contains("panic-in-register.so"), "{line}");
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("misbehaving/src/lib.rs"), "{line}");
+}
+
+#[test]
+fn plugins_exits_non_zero_when_nothing_loaded_and_lists_without_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |plugins: &std::path::Path| {
+        let out = Command::new(BIN)
+            .arg("plugins")
+            .arg("--plugin-dir")
+            .arg(plugins)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // An empty directory.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, stdout, stderr) = run(&empty);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert_eq!(stdout, "no plugins loaded\n");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: no plugin loaded from {} (no *.so file there)\n",
+            empty.display()
+        )
+    );
+    // Only files that are refused: listed with their reasons, exit 1.
+    let junk = dir.path().join("junk");
+    std::fs::create_dir(&junk).unwrap();
+    std::fs::write(junk.join("libjunk.so"), b"not an ELF file").unwrap();
+    let (code, stdout, stderr) = run(&junk);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("refused:\n  ") && stdout.contains("libjunk.so: "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.ends_with("(1 file(s) refused, each listed with the reason)\n"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "no log line besides: {stderr}");
+    // A plugin and a refused file: exit 0, the listing alone (no INFO or ERROR line per file).
+    let plugins = plugin_dir(dir.path());
+    std::fs::write(plugins.join("libjunk.so"), b"not an ELF file").unwrap();
+    let (code, stdout, stderr) = run(&plugins);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("provider fake "), "{stdout}");
+    assert!(stdout.contains("libjunk.so: "), "{stdout}");
+    assert_eq!(stderr, "", "the listing says it all");
 }
 
 /// GET `path` over plain HTTP: `None` when no HTTP answer comes.

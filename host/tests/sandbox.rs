@@ -212,6 +212,19 @@ fn hinted_kubeconfig(line: &str) -> PathBuf {
     PathBuf::from(rest.split_whitespace().next().unwrap())
 }
 
+/// The kubeconfig the last line says was deleted with the temporary directory.
+fn deleted_kubeconfig(line: &str) -> PathBuf {
+    let path = line
+        .strip_prefix("sandbox: stopped; the API server is gone and its kubeconfig ")
+        .and_then(|rest| {
+            rest.strip_suffix(
+                " was deleted with the sandbox's temporary directory (--kubeconfig-out PATH keeps one)",
+            )
+        })
+        .unwrap_or_else(|| panic!("not the last line of a temporary sandbox: {line:?}"));
+    PathBuf::from(path)
+}
+
 /// One HTTP/1.1 request to the sandbox's API server; returns the status code and the JSON body.
 fn http(url: &str, method: &str, path: &str, patch: Option<&Value>) -> (u16, Value) {
     let addr = url.trim_start_matches("http://");
@@ -300,21 +313,17 @@ fn small_generated_scene_converges() {
         .lines()
         .find(|l| l.starts_with("sandbox: API server http://127.0.0.1:"))
         .unwrap_or_else(|| panic!("{stderr}"));
-    // The hint names the temporary kubeconfig and says it goes at exit; the last line says it
-    // went, and it did.
-    let kubeconfig = hinted_kubeconfig(first);
+    // Without --duration the sandbox is gone seconds later: the hint names no temporary file
+    // but the flags that keep one serving; the last line says the temporary kubeconfig went,
+    // and it did.
     assert!(
-        first.contains("that kubeconfig is deleted when the sandbox exits"),
+        first.ends_with(
+            "(the sandbox exits once the scene converged; to use kubectl, rerun with --duration 10m \
+             --kubeconfig-out PATH, then kubectl --kubeconfig PATH get nodes -o wide)"
+        ),
         "{first}"
     );
-    assert_eq!(
-        stderr.lines().last().unwrap(),
-        format!(
-            "sandbox: stopped; the API server is gone and its kubeconfig {} was deleted with the \
-             sandbox's temporary directory (--kubeconfig-out PATH keeps one)",
-            kubeconfig.display()
-        )
-    );
+    let kubeconfig = deleted_kubeconfig(stderr.lines().last().unwrap());
     assert!(!kubeconfig.exists(), "{}", kubeconfig.display());
     // Every node's Synced event is in the summary (the events settle before it is taken).
     assert_eq!(report["eventsSettled"], true);
@@ -355,10 +364,12 @@ fn small_generated_scene_converges() {
     // The cloud's view: one LB backed by the workers (the control plane is excluded), one route
     // per node inside the cluster CIDR.
     let cloud = &report["cloud"];
-    assert!(cloud["source"]
-        .as_str()
-        .unwrap()
-        .starts_with("fake cloud state"));
+    // Read from cloud.json, which is deleted with the temporary directory: not named.
+    assert_eq!(
+        cloud["source"],
+        "fake cloud state: cloud.json in the sandbox's temporary directory, deleted at exit \
+         (--work-dir DIR keeps it)"
+    );
     let lbs = cloud["loadBalancers"].as_array().unwrap();
     assert_eq!(lbs.len(), 1, "{cloud:#}");
     assert_eq!(lbs[0]["service"], "default/web");
@@ -389,6 +400,117 @@ fn small_generated_scene_converges() {
     assert!(report["leaseHolder"]
         .as_str()
         .is_some_and(|h| !h.is_empty()));
+}
+
+#[test]
+fn the_kubeconfig_the_hint_names_exists_while_the_hint_is_true() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = Running::spawn(
+        dir.path(),
+        &["--nodes", "2", "--services", "1", "--duration", "5m"],
+    );
+    let first = run.wait_line("the API server line", Duration::from_secs(120), |l| {
+        l.starts_with("sandbox: API server ")
+    });
+    // With --duration the hint names the temporary kubeconfig, for as long as it serves.
+    assert!(
+        first.contains(" get nodes -o wide, until 5m0s after the scene converged; that kubeconfig is deleted when the sandbox exits: --kubeconfig-out PATH keeps one)"),
+        "{first}"
+    );
+    let url = api_url(&first);
+    let kubeconfig = hinted_kubeconfig(&first);
+    run.wait_line("the serving line", Duration::from_secs(240), |l| {
+        l.starts_with("sandbox: serving")
+    });
+    // Still there while it serves, and it reaches the server.
+    let text = std::fs::read_to_string(&kubeconfig)
+        .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    assert!(text.contains(&url), "{text}");
+    assert_eq!(http(&url, "GET", "/api/v1/nodes", None).0, 200);
+    // The summary names no file of the temporary directory.
+    let summary = String::from_utf8_lossy(&run.stdout.lock().unwrap()).into_owned();
+    assert!(
+        !summary.contains("/ccm-sandbox-") && !summary.contains("/cloud.json"),
+        "{summary}"
+    );
+    run.interrupt();
+    let (status, _, stderr) = run.finish();
+    assert_eq!(status.code(), Some(0), "{}", stderr.join("\n"));
+    assert_eq!(deleted_kubeconfig(stderr.last().unwrap()), kubeconfig);
+    assert!(!kubeconfig.exists());
+}
+
+/// The README's "for another provider": a provider without a demo cloud (example) does not know
+/// the generated node names; the why line says what it answered and where to look, and the
+/// scenario docs/sandbox.md shows for it converges.
+#[test]
+fn another_provider_says_what_it_answered_and_its_scenario_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = support::plugin_dir_with(
+        dir.path(),
+        &["libccm_provider_fake.so", "libccm_provider_example.so"],
+    );
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("sandbox")
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .args(["--progress", "none", "--cloud-provider", "example"])
+            .args(args)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--nodes", "2", "--services", "0", "--timeout", "3s"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let why = stdout
+        .lines()
+        .find(|l| l.starts_with("  why: "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(
+        why,
+        "  why: no error seen; 2 item(s) still open when the wait ended; provider example answers \
+         for node node-01: instance not found (the generated nodes are named node-01…: does your \
+         cloud know these names? give it a scenario with your instances' names, see \
+         docs/sandbox.md#another-provider)"
+    );
+    let out = run(&[
+        "--scenario",
+        "docs/scenarios/example.yaml",
+        "--timeout",
+        "2m",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A scenario of `cloudConfig:` only (faults for the demo cloud, as docs/sandbox.md suggests)
+/// applies to the generated scene, and says so.
+#[test]
+fn a_scenario_of_cloud_config_only_runs_over_the_generated_scene() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, report, stderr) = sandbox_scenario(
+        dir.path(),
+        "cloudConfig:\n  errors:\n    EnsureLoadBalancer: {kind: other, message: quota exceeded, times: 1}\n",
+        "3m",
+    );
+    assert_eq!(out.status.code(), Some(0), "{report:#}\n{stderr}");
+    assert!(
+        stderr.contains("has no nodes: and no services:, so its keys apply to the generated scene (20 nodes, 5 LoadBalancer services)"),
+        "{stderr}"
+    );
+    assert_eq!(report["nodes"].as_array().unwrap().len(), 20);
+    assert_eq!(report["services"].as_array().unwrap().len(), 5);
+    // The cloudConfig is in force: the first EnsureLoadBalancer failed.
+    let failed = find(&report["events"], "reason", "SyncLoadBalancerFailed");
+    assert_eq!(failed["type"], "Warning", "{failed:#}");
 }
 
 #[test]
@@ -644,10 +766,6 @@ fn a_lost_lease_is_named_as_the_reason() {
         l.starts_with("sandbox: API server ")
     });
     let url = api_url(&first);
-    let kubeconfig = hinted_kubeconfig(&first);
-    let text = std::fs::read_to_string(&kubeconfig)
-        .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
-    assert!(text.contains(&url), "{text}");
     // Wait for the sandbox's controller manager to lead (its node controller did its work: a
     // holder in the Lease alone is not enough, the elector may not have confirmed it yet and
     // would then stay a standby), then give the lease to someone else.
@@ -691,6 +809,7 @@ fn a_lost_lease_is_named_as_the_reason() {
         stderr.contains("error: the scene did not converge: the leader lost its lease"),
         "{stderr}"
     );
+    let kubeconfig = deleted_kubeconfig(stderr.lines().last().unwrap());
     assert!(!kubeconfig.exists(), "{}", kubeconfig.display());
     assert!(
         stderr.ends_with(&format!(

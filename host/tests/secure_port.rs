@@ -178,6 +178,17 @@ async fn anonymous_metrics_are_refused_and_authorized_metrics_served() {
         // The always-allowed paths need nothing.
         assert_eq!(host.get("/healthz", None), (200, "ok".into()));
         assert_eq!(host.get("/readyz", None).0, 200);
+        // ?verbose lists the checks, as upstream's.
+        let (code, body) = host.get("/healthz?verbose", None);
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            body.starts_with("[+]") && body.contains("[+]cloud-node-controller ok\n"),
+            "{body}"
+        );
+        assert!(body.ends_with("healthz check passed\n"), "{body}");
+        let (code, body) = host.get("/readyz?verbose", None);
+        assert_eq!(code, 200, "{body}");
+        assert!(body.ends_with("readyz check passed\n"), "{body}");
         // Anonymous: asked, denied, 403 with upstream's Status.
         let (code, body) = host.get("/metrics", None);
         assert_eq!(code, 403, "{body}");

@@ -320,7 +320,13 @@ fn insecure_files_and_directories_are_refused_unless_allowed() {
         reason.contains("writable by group or others (mode 666)"),
         "{reason}"
     );
-    assert!(reason.contains("--allow-insecure-plugins"), "{reason}");
+    assert!(
+        reason.contains(&format!(
+            "fix it with `chmod go-w {}` or pass --allow-insecure-plugins",
+            std::fs::canonicalize(&plugin).unwrap().display()
+        )),
+        "{reason}"
+    );
 
     let allowed = PluginRegistry::load_dirs(
         &[dir.path().to_path_buf()],
@@ -341,12 +347,22 @@ fn insecure_files_and_directories_are_refused_unless_allowed() {
         msg.contains("is writable by group or others (mode 777)"),
         "{msg}"
     );
+    // The message names the command that fixes it.
+    assert!(
+        msg.contains(&format!(
+            "fix it with `chmod go-w {}` or pass --allow-insecure-plugins",
+            dir.path().display()
+        )),
+        "{msg}"
+    );
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
 
     let missing = PluginRegistry::load_dirs(&[dir.path().join("nope")], &LoaderOptions::default())
         .unwrap_err();
     assert!(
-        missing.to_string().contains("No such file or directory"),
+        missing.to_string().contains(
+            "No such file or directory (os error 2); name the directory of your plugins with --plugin-dir DIR (or CCM_PLUGIN_DIR)"
+        ),
         "{missing}"
     );
 }

@@ -398,10 +398,21 @@ fn parse_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
                 .map_err(|e| ApiError::bad_request(format!("request body is not UTF-8: {e}")))?;
             yaml_serde::from_str(text).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
         }
+        crate::protobuf::MEDIA_TYPE => crate::protobuf::decode(body).map_err(|e| match e {
+            Some(broken) => ApiError::bad_request(format!("error decoding the protobuf request body: {broken}")),
+            None => ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "this in-memory API server decodes protobuf bodies of {} only - send JSON (kubectl create -f FILE does), accepted media types include: application/json, application/yaml",
+                    crate::protobuf::KINDS
+                ),
+            ),
+        }),
         other => Err(ApiError::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/yaml"),
+            format!("the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/yaml, {} (for {})", crate::protobuf::MEDIA_TYPE, crate::protobuf::KINDS),
         )),
     }
 }

@@ -16,8 +16,10 @@
 //! (with `status`) and `endpoints`; coordination.k8s.io/v1 `leases`; events.k8s.io/v1 `events`;
 //! discovery.k8s.io/v1 `endpointslices` (what `kubectl describe node`/`describe service` read:
 //! nothing creates pods or endpoints here, so they list empty); discovery (`/api`, `/apis`,
-//! group versions), `/version`, `/healthz`, `/readyz`, `/livez`. JSON only: a client that
-//! accepts only protobuf gets 406. Server-side printing for `kubectl get`: a get or list asked
+//! group versions), `/version`, `/healthz`, `/readyz`, `/livez`. Answers are JSON: a client that
+//! accepts only protobuf gets 406. Request bodies are JSON or YAML, and protobuf for the kinds
+//! kubectl's typed `create` commands send that way (v1 Service, Namespace, ConfigMap, Secret;
+//! `protobuf.rs`). Server-side printing for `kubectl get`: a get or list asked
 //! for with `Accept: application/json;as=Table;v=v1;g=meta.k8s.io` answers a Table with
 //! upstream's columns for nodes, services, events, namespaces, leases and pods (`Name`/`Created At`
 //! for the rest), so `kubectl get nodes -o wide` looks as against a real cluster.
@@ -101,6 +103,7 @@ mod error;
 mod http;
 mod kubeconfig;
 pub mod patch;
+mod protobuf;
 mod resources;
 mod reviews;
 mod select;

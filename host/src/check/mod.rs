@@ -235,7 +235,9 @@ pub async fn main(args: CheckArgs, max_log_level: u8) -> anyhow::Result<i32> {
         Ok(p) => p,
         Err(e) => return Ok(usage(e)),
     };
-    let registry = match PluginRegistry::load_dirs(
+    // Quietly: a directory cargo builds into holds test fixtures too. One line says files
+    // were skipped; an unknown provider's error lists every refused file.
+    let registry = match PluginRegistry::load_dirs_quietly(
         &args.plugins.plugin_dirs,
         &args.plugins.loader_options(max_log_level),
     ) {
@@ -257,6 +259,9 @@ pub async fn main(args: CheckArgs, max_log_level: u8) -> anyhow::Result<i32> {
         Ok(p) => p,
         Err(e) => return Ok(usage(e)),
     };
+    if let Some(note) = registry.skipped_note(&args.plugins.plugin_dirs) {
+        eprintln!("check: {note}");
+    }
     let plugin = registry
         .plugins()
         .iter()

@@ -21,8 +21,13 @@ use crate::controllers::node_lifecycle::{
 use crate::controllers::ControllerConfig;
 use crate::provider::bulk::{DEFAULT_INSTANCE_BATCH_SIZE, DEFAULT_INSTANCE_BATCH_WINDOW};
 
-/// Flags of `ccm-host run`.
+/// The `run --help` heading of the flags ccm-host adds to upstream's.
+const ADDITIONS: &str = "ccm-host additions (beyond upstream)";
+
+/// Flags of `ccm-host run`. `run --help` shows upstream's flags (this struct's, then
+/// [`UpstreamArgs`]) apart from ccm-host's additions ([`ADDITIONS`], and the plugin flags).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Upstream cloud-controller-manager flags")]
 pub struct RunArgs {
     /// Where the plugins come from.
     #[command(flatten)]
@@ -32,7 +37,12 @@ pub struct RunArgs {
     /// The provider to run (a name registered by a plugin). Required. Several, comma
     /// separated, run side by side in a hybrid cluster, each on the nodes it owns (beyond
     /// upstream; docs/hybrid-clusters.md); the first is the default provider.
-    #[arg(long, env = "CCM_CLOUD_PROVIDER", default_value = "")]
+    #[arg(
+        long,
+        env = "CCM_CLOUD_PROVIDER",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub cloud_provider: String,
     /// Path of the cloud provider configuration file, handed to the provider factory. With
     /// several providers: NAME=PATH, once per provider that takes a config.
@@ -41,16 +51,16 @@ pub struct RunArgs {
     /// The platforms (providerID prefixes, e.g. aws:// or aws) a provider owns, instead of the
     /// ones it declares; [NAME=]PLATFORM, comma separated or repeated (KEP-5778). Given, it
     /// also makes a single provider leave the nodes of other platforms alone.
-    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    #[arg(help_heading = ADDITIONS, long, value_delimiter = ',', action = ArgAction::Append)]
     pub cloud_provider_platforms: Vec<String>,
     /// Which nodes a provider's load balancers target when ownership is enforced:
     /// [NAME=]owned (default: the nodes it owns) or [NAME=]all (beyond upstream).
-    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    #[arg(help_heading = ADDITIONS, long, value_delimiter = ',', action = ArgAction::Append)]
     pub load_balancer_hosts: Vec<String>,
     /// With ownership enforced: how long after its creation a node without a providerID is
     /// left to the controllers that may initialise it before the lifecycle controller acts on
     /// it (KEP-5778; beyond upstream).
-    #[arg(long, default_value = "5m")]
+    #[arg(help_heading = ADDITIONS, long, default_value = "5m")]
     pub provider_id_grace_period: String,
     /// Controllers to run: '*' (all), 'name' or '-name' (canonical names or aliases).
     #[arg(long, value_delimiter = ',', default_value = "*")]
@@ -97,49 +107,49 @@ pub struct RunArgs {
     pub concurrent_service_syncs: i64,
     /// Also handle LoadBalancer services of this class (repeatable): CLASS for the default
     /// provider, CLASS=PROVIDER for another. Beyond upstream, off by default.
-    #[arg(long = "load-balancer-class")]
+    #[arg(help_heading = ADDITIONS, long = "load-balancer-class")]
     pub load_balancer_classes: Vec<String>,
     /// Leave services without a loadBalancerClass to another controller.
-    #[arg(long, default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
+    #[arg(help_heading = ADDITIONS, long, default_value_t = false, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub ignore_classless_services: bool,
     /// Delete a Node only after this many "does not exist" answers in a row from the cloud,
     /// spread over at least one --node-monitor-period; any other answer starts the count again
     /// (beyond upstream; 1 = upstream).
-    #[arg(long, value_name = "N", default_value_t = i64::from(DEFAULT_DELETION_CONFIRMATIONS))]
+    #[arg(help_heading = ADDITIONS, long, value_name = "N", default_value_t = i64::from(DEFAULT_DELETION_CONFIRMATIONS))]
     pub node_deletion_confirmations: i64,
     /// What a confirmed "does not exist" does: delete (upstream) the Node, or report it with a
     /// Warning event and ccm_node_deletions_withheld_total and keep the Node (beyond upstream).
-    #[arg(long, value_name = "delete|report", default_value = DEFAULT_DELETION_MODE.as_str())]
+    #[arg(help_heading = ADDITIONS, long, value_name = "delete|report", default_value = DEFAULT_DELETION_MODE.as_str())]
     pub node_deletion_mode: String,
     /// Count an InstancesV2 InstanceExists that fails with InstanceNotFound as "does not
     /// exist" (beyond upstream, which keeps such a Node forever; k/k#141364).
-    #[arg(long, default_value_t = DEFAULT_DELETION_ON_INSTANCE_NOT_FOUND, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
+    #[arg(help_heading = ADDITIONS, long, default_value_t = DEFAULT_DELETION_ON_INSTANCE_NOT_FOUND, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = parse_go_bool, action = ArgAction::Set)]
     pub node_deletion_on_instance_not_found: bool,
     /// Deadline of every provider call.
-    #[arg(long, default_value = "30s")]
+    #[arg(help_heading = ADDITIONS, long, default_value = "30s")]
     pub provider_call_timeout: String,
     /// Host-wide budget of cloud provider calls per second, shared fairly between the
     /// controllers (beyond upstream). 0 = unlimited.
-    #[arg(long, env = "CCM_CLOUD_API_QPS", default_value_t = 0.0)]
+    #[arg(help_heading = ADDITIONS, long, env = "CCM_CLOUD_API_QPS", default_value_t = 0.0)]
     pub cloud_api_qps: f64,
     /// Provider calls allowed at once above --cloud-api-qps.
-    #[arg(long, env = "CCM_CLOUD_API_BURST", default_value_t = 10)]
+    #[arg(help_heading = ADDITIONS, long, env = "CCM_CLOUD_API_BURST", default_value_t = 10)]
     pub cloud_api_burst: i64,
     /// With a provider that offers bulk instance lookups (ABI 1.1): how long the first node
     /// asked about waits for others before one call asks about all of them (beyond upstream).
-    #[arg(long, default_value_t = crate::duration::format(DEFAULT_INSTANCE_BATCH_WINDOW))]
+    #[arg(help_heading = ADDITIONS, long, default_value_t = crate::duration::format(DEFAULT_INSTANCE_BATCH_WINDOW))]
     pub instance_batch_window: String,
     /// The most nodes asked about in one bulk instance lookup (beyond upstream).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_INSTANCE_BATCH_SIZE as i64)]
+    #[arg(help_heading = ADDITIONS, long, value_name = "N", default_value_t = DEFAULT_INSTANCE_BATCH_SIZE as i64)]
     pub instance_batch_size: i64,
     /// How often the --cloud-config file is checked for changes (a mounted Secret or ConfigMap
     /// included); changed bytes are handed to the provider without a restart (beyond
     /// upstream). 0 = no hot reload.
-    #[arg(long, default_value = "5s")]
+    #[arg(help_heading = ADDITIONS, long, default_value = "5s")]
     pub cloud_config_reload_period: String,
     /// How often the provider's health probe (ABI 1.1) runs; its last answer is the
     /// cloud-provider check of /readyz (beyond upstream). 0 = no probe.
-    #[arg(long, default_value = "30s")]
+    #[arg(help_heading = ADDITIONS, long, default_value = "30s")]
     pub provider_health_period: String,
 
     // ---- leader election ----
@@ -475,7 +485,11 @@ impl RunArgs {
 
     /// The flags given that have no effect in ccm-host (see [`UpstreamArgs::no_effect`]).
     pub fn no_effect_flags(&self) -> Vec<String> {
-        self.upstream.no_effect()
+        let mut names = self.upstream.no_effect();
+        if let Ok(selection) = ControllerSelection::parse(&self.controllers) {
+            names.extend(selection.vendor_only());
+        }
+        names
     }
 }
 
@@ -625,7 +639,9 @@ mod tests {
         ]);
         let errs = a.validate().unwrap_err();
         assert_eq!(errs.len(), 6, "{errs:#?}");
-        assert!(errs.iter().any(|e| e == "--cloud-provider cannot be empty"));
+        assert!(errs
+            .iter()
+            .any(|e| e == crate::daemon::provider_set::EMPTY_CLOUD_PROVIDER));
         assert!(errs
             .iter()
             .any(|e| e.starts_with("--concurrent-node-syncs must be greater than 0")));

@@ -376,7 +376,7 @@ impl Daemon {
             tokio::select! {
                 _ = &mut signal => {
                     drop(leader);
-                    release(lease_task).await;
+                    release(lease_task, false).await;
                     return 0;
                 }
                 changed = leader.changed() => if changed.is_err() {
@@ -401,7 +401,7 @@ impl Daemon {
             Ok(h) => h,
             Err(code) => {
                 drop(leader);
-                release(lease_task).await;
+                release(lease_task, true).await;
                 return code;
             }
         };
@@ -411,7 +411,7 @@ impl Daemon {
                     tracing::info!("shutting down: stopping controllers and releasing the lease");
                     self.stop_controllers(handles).await;
                     drop(leader);
-                    release(lease_task).await;
+                    release(lease_task, true).await;
                     return 0;
                 }
                 changed = leader.changed() => {
@@ -668,9 +668,17 @@ fn for_provider(ctx: &ControllerContext) -> String {
         .unwrap_or_default()
 }
 
-async fn release(task: JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>) {
+/// Stop the lease task; `held`: this replica led, so the lease is released (a standby that
+/// never led says so instead: it had nothing to release).
+async fn release(
+    task: JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+    held: bool,
+) {
     match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
-        Ok(Ok(Ok(_))) => tracing::info!("released the lease"),
+        Ok(Ok(Ok(_))) if held => tracing::info!("released the lease"),
+        Ok(Ok(Ok(_))) => {
+            tracing::info!("stopped while waiting for the lease (never led: nothing to release)")
+        }
         Ok(Ok(Err(e))) => tracing::warn!("could not release the lease: {e}"),
         Ok(Err(e)) => tracing::warn!("lease task failed: {e}"),
         Err(_) => tracing::warn!("lease release timed out"),

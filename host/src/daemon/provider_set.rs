@@ -9,6 +9,11 @@
 
 use std::path::PathBuf;
 
+/// The error of a missing `--cloud-provider`, with where the names come from.
+pub const EMPTY_CLOUD_PROVIDER: &str =
+    "--cloud-provider cannot be empty: name the provider to run \
+     (`ccm-host plugins --plugin-dir DIR` lists the names the plugins in DIR registered)";
+
 /// The load-balancer hosts handed to a provider's load-balancer calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LbHosts {
@@ -73,7 +78,7 @@ impl ProviderSet {
             .filter(|n| !n.is_empty())
             .collect();
         if names.is_empty() {
-            errors.push("--cloud-provider cannot be empty".into());
+            errors.push(EMPTY_CLOUD_PROVIDER.into());
         }
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
@@ -318,7 +323,7 @@ mod tests {
         }
         assert_eq!(
             parse(" ", &[], &[], &[], &[]).unwrap_err(),
-            ["--cloud-provider cannot be empty"]
+            [EMPTY_CLOUD_PROVIDER]
         );
     }
 }

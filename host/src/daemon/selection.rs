@@ -1,5 +1,10 @@
 //! `--controllers`: which controllers run, with upstream's exact semantics
 //! (docs/upstream-compat.md#controller-selection).
+//!
+//! Beyond upstream's generic manager: the names of controllers that only a vendor's own CCM
+//! has ([`VENDOR_ONLY`], e.g. GCE's chart passes `--controllers=*,-nodeipam`) are accepted
+//! and have no effect (named in the start-up warning), so those charts run unchanged; any
+//! other unknown name is an error, as upstream's.
 
 /// One controller: canonical name, alias, short name used by metrics and `/healthz`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +42,25 @@ pub const CONTROLLERS: [ControllerName; 4] = [
     },
 ];
 
+/// Controllers of vendors' own cloud-controller-managers that ccm-host does not have, with
+/// whose they are: accepted in `--controllers` without effect.
+pub const VENDOR_ONLY: [(&str, &str); 5] = [
+    (
+        "nodeipam",
+        "GCE (cloud-provider-gcp) and upstream's node IPAM",
+    ),
+    ("node-ipam", "Azure (cloud-provider-azure)"),
+    ("node-ipam-controller", "upstream's node IPAM"),
+    ("tagging", "AWS (cloud-provider-aws)"),
+    ("tagging-controller", "AWS (cloud-provider-aws)"),
+];
+
 /// The parsed `--controllers` list (aliases rewritten to canonical names, dashes kept).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControllerSelection {
     items: Vec<String>,
+    /// Items naming a vendor-only controller ([`VENDOR_ONLY`]), as given.
+    vendor_only: Vec<String>,
 }
 
 impl ControllerSelection {
@@ -48,6 +68,7 @@ impl ControllerSelection {
     /// text, one per unknown item.
     pub fn parse(items: &[String]) -> Result<Self, Vec<String>> {
         let mut resolved = Vec::new();
+        let mut vendor_only = Vec::new();
         let mut errors = Vec::new();
         for raw in items.iter().flat_map(|i| i.split(',')) {
             let item = raw.trim();
@@ -64,11 +85,17 @@ impl ControllerSelection {
                 .find(|c| c.canonical == name || c.alias == name)
             {
                 Some(c) => resolved.push(format!("{dash}{}", c.canonical)),
+                None if VENDOR_ONLY.iter().any(|(v, _)| *v == name) => {
+                    vendor_only.push(item.to_string());
+                }
                 None => errors.push(format!("{name:?} is not in the list of known controllers")),
             }
         }
         if errors.is_empty() {
-            Ok(Self { items: resolved })
+            Ok(Self {
+                items: resolved,
+                vendor_only,
+            })
         } else {
             Err(errors)
         }
@@ -93,6 +120,21 @@ impl ControllerSelection {
         CONTROLLERS
             .into_iter()
             .filter(|c| self.is_enabled(c.canonical))
+            .collect()
+    }
+
+    /// The vendor-only items given (for the no-effect warning), each with whose controller it is.
+    pub fn vendor_only(&self) -> Vec<String> {
+        self.vendor_only
+            .iter()
+            .map(|item| {
+                let name = item.trim_start_matches('-');
+                let whose = VENDOR_ONLY
+                    .iter()
+                    .find(|(v, _)| *v == name)
+                    .map_or("", |(_, w)| w);
+                format!("--controllers {item} (a controller of {whose}; none here)")
+            })
             .collect()
     }
 
@@ -156,14 +198,35 @@ mod tests {
 
     #[test]
     fn unknown_names_use_upstream_text() {
-        let err = ControllerSelection::parse(&["*,-bogus,nodeipam".to_string()]).unwrap_err();
+        let err = ControllerSelection::parse(&["*,-bogus,nodeipm".to_string()]).unwrap_err();
         assert_eq!(
             err,
             [
                 "\"bogus\" is not in the list of known controllers",
-                "\"nodeipam\" is not in the list of known controllers"
+                "\"nodeipm\" is not in the list of known controllers"
             ]
         );
+    }
+
+    #[test]
+    fn vendor_charts_controller_names_are_accepted_without_effect() {
+        // GCE's chart, AWS's and Azure's names.
+        let s = sel("*,-nodeipam,tagging,-node-ipam");
+        assert_eq!(
+            names(&s),
+            ["cloud-node", "cloud-node-lifecycle", "service", "route"]
+        );
+        assert_eq!(
+            s.vendor_only(),
+            [
+                "--controllers -nodeipam (a controller of GCE (cloud-provider-gcp) and upstream's node IPAM; none here)",
+                "--controllers tagging (a controller of AWS (cloud-provider-aws); none here)",
+                "--controllers -node-ipam (a controller of Azure (cloud-provider-azure); none here)",
+            ]
+        );
+        assert!(sel("*,-route").vendor_only().is_empty());
+        // A vendor name alone still selects nothing of ours, as upstream's "-name" rule.
+        assert!(names(&sel("tagging")).is_empty());
     }
 
     #[test]

@@ -45,14 +45,23 @@ pub(super) fn plugin_files(
         path: dir.to_path_buf(),
         reason,
     };
-    let meta = fs::metadata(dir).map_err(|e| err(e.to_string()))?;
+    let meta = fs::metadata(dir).map_err(|e| {
+        err(if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "{e}; name the directory of your plugins with --plugin-dir DIR (or CCM_PLUGIN_DIR)"
+            )
+        } else {
+            e.to_string()
+        })
+    })?;
     if !meta.is_dir() {
         return Err(err("not a directory".into()));
     }
     if !options.allow_insecure {
         if let Some(problem) = ownership_problem(&meta) {
             return Err(err(format!(
-                "{problem}; fix the directory's permissions or pass --allow-insecure-plugins"
+                "{problem}; fix it with `{}` or pass --allow-insecure-plugins",
+                fix_command(&meta, dir)
             )));
         }
     }
@@ -63,6 +72,28 @@ pub(super) fn plugin_files(
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// The command that fixes the ownership or mode problem of `path` (`chmod go-w`, else `chown`).
+fn fix_command(meta: &fs::Metadata, path: &Path) -> String {
+    let quoted = shell_quote(&path.to_string_lossy());
+    if meta.permissions().mode() & 0o022 != 0 {
+        format!("chmod go-w {quoted}")
+    } else {
+        format!("chown \"$(id -u)\" {quoted}")
+    }
+}
+
+/// `s` as one shell word.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+,:=@%".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 #[allow(unsafe_code)] // geteuid
@@ -124,6 +155,7 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String
         return Err("not a regular file".into());
     }
     let mut problems = Vec::new();
+    let mut fixes = Vec::new();
     if let Some(problem) = ownership_problem(&meta) {
         let target = if resolved == path {
             "the file".to_string()
@@ -131,12 +163,14 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String
             format!("its target {}", resolved.display())
         };
         problems.push(format!("{target} {problem}"));
+        fixes.push(fix_command(&meta, &resolved));
     }
     for dir in resolved.ancestors().skip(1) {
         let dir_meta =
             fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
         if let Some(problem) = directory_problem(&dir_meta) {
             problems.push(format!("the directory {} {problem}", dir.display()));
+            fixes.push(fix_command(&dir_meta, dir));
         }
     }
     if problems.is_empty() {
@@ -149,8 +183,9 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String
         return Ok(file);
     }
     Err(format!(
-        "refusing to load: {}; fix it (chmod go-w / chown) or pass --allow-insecure-plugins",
-        problems.join("; ")
+        "refusing to load: {}; fix it with `{}` or pass --allow-insecure-plugins",
+        problems.join("; "),
+        fixes.join(" && ")
     ))
 }
 

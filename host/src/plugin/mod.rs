@@ -85,6 +85,8 @@ pub struct PluginRegistry {
     providers: BTreeMap<String, ProviderRegistration>,
     /// Provider names registered by more than one file: refused for all of them.
     duplicates: BTreeMap<String, Vec<PathBuf>>,
+    /// Log each loaded and refused file at debug level only (the command reports them).
+    quiet: bool,
 }
 
 /// The longest provider name accepted (names are flag values and metric labels).
@@ -139,7 +141,29 @@ impl PluginRegistry {
     ///
     /// Only an unreadable directory is an error; broken files are recorded in [`Self::refused`].
     pub fn load_dirs(dirs: &[PathBuf], options: &LoaderOptions) -> Result<Self, SelectError> {
-        let mut registry = PluginRegistry::default();
+        Self::load_dirs_with(dirs, options, false)
+    }
+
+    /// [`Self::load_dirs`] without a log line per loaded or refused file (debug level only),
+    /// for the commands that report them themselves: `plugins` lists them, `check` and the
+    /// sandbox say once that files were skipped ([`Self::skipped_note`]), since a directory
+    /// cargo builds into holds test fixtures besides the plugins.
+    pub fn load_dirs_quietly(
+        dirs: &[PathBuf],
+        options: &LoaderOptions,
+    ) -> Result<Self, SelectError> {
+        Self::load_dirs_with(dirs, options, true)
+    }
+
+    fn load_dirs_with(
+        dirs: &[PathBuf],
+        options: &LoaderOptions,
+        quiet: bool,
+    ) -> Result<Self, SelectError> {
+        let mut registry = PluginRegistry {
+            quiet,
+            ..PluginRegistry::default()
+        };
         for dir in dirs {
             for file in loader::plugin_files(dir, options)? {
                 registry.load_file(&file, options);
@@ -153,7 +177,7 @@ impl PluginRegistry {
         let outcome = loader::load(path, options);
         match outcome {
             Err(reason) => {
-                tracing::error!(plugin = %path.display(), "refused plugin: {reason}");
+                self.log_refused(path, &reason);
                 self.refused.push(RefusedPlugin {
                     path: path.to_path_buf(),
                     reason,
@@ -166,7 +190,7 @@ impl PluginRegistry {
     fn accept(&mut self, loaded: loader::Loaded) {
         let path = loaded.info.path.clone();
         let refuse = |this: &mut Self, reason: String| {
-            tracing::error!(plugin = %path.display(), "refused plugin: {reason}");
+            this.log_refused(&path, &reason);
             this.refused.push(RefusedPlugin {
                 path: path.clone(),
                 reason,
@@ -199,7 +223,11 @@ impl PluginRegistry {
             if let Some(existing) = self.providers.remove(&name) {
                 let files = vec![existing.plugin_path.clone(), info.path.clone()];
                 let reason = duplicate_reason(&name, &files);
-                tracing::error!(plugin = %existing.plugin_path.display(), "refused provider: {reason}");
+                if self.quiet {
+                    tracing::debug!(plugin = %existing.plugin_path.display(), "refused provider: {reason}");
+                } else {
+                    tracing::error!(plugin = %existing.plugin_path.display(), "refused provider: {reason}");
+                }
                 self.refused.push(RefusedPlugin {
                     path: existing.plugin_path.clone(),
                     reason: reason.clone(),
@@ -224,15 +252,49 @@ impl PluginRegistry {
         if info.providers.is_empty() {
             return;
         }
-        tracing::info!(
-            plugin = %info.path.display(),
-            providers = ?info.providers,
-            abi = %info.abi_version,
-            "loaded plugin {} {}",
-            info.plugin_name,
-            info.plugin_version
-        );
+        if self.quiet {
+            tracing::debug!(
+                plugin = %info.path.display(),
+                providers = ?info.providers,
+                abi = %info.abi_version,
+                "loaded plugin {} {}",
+                info.plugin_name,
+                info.plugin_version
+            );
+        } else {
+            tracing::info!(
+                plugin = %info.path.display(),
+                providers = ?info.providers,
+                abi = %info.abi_version,
+                "loaded plugin {} {}",
+                info.plugin_name,
+                info.plugin_version
+            );
+        }
         self.plugins.push(info);
+    }
+
+    fn log_refused(&self, path: &Path, reason: &str) {
+        if self.quiet {
+            tracing::debug!(plugin = %path.display(), "refused plugin: {reason}");
+        } else {
+            tracing::error!(plugin = %path.display(), "refused plugin: {reason}");
+        }
+    }
+
+    /// One line saying how many files of `dirs` were skipped, and how to see why (`None` when
+    /// none was).
+    pub fn skipped_note(&self, dirs: &[PathBuf]) -> Option<String> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        Some(format!(
+            "skipped {} file(s) of the plugin directories that are not loadable plugins \
+             (`ccm-host plugins --plugin-dir {}` says why)",
+            self.refused.len(),
+            dirs.join(":")
+        ))
     }
 
     /// Plugins that loaded.

@@ -263,7 +263,11 @@ impl Drop for WorkDir {
 
 /// The flags of `ccm-host run`, parsed the way `run` parses them.
 #[derive(Debug, Parser)]
-#[command(name = "ccm-host sandbox --", no_binary_name = false)]
+#[command(
+    name = "ccm-host sandbox --",
+    no_binary_name = false,
+    allow_negative_numbers = true
+)]
 struct DaemonFlags {
     #[command(flatten)]
     run: RunArgs,
@@ -512,6 +516,34 @@ impl Sandbox {
             }
         }
         let (scenario, source) = match (scenario, &args.scenario) {
+            // A scenario of cloudConfig (or clusterCIDR) only, e.g. faults for the demo cloud:
+            // its keys over the generated scene, rather than a scene of nothing that converges
+            // at once.
+            (Some(s), Some(path))
+                if s.nodes.is_empty() && s.services.is_empty() && s.providers.is_empty() =>
+            {
+                let mut g = Scenario::generate(args.nodes, args.services);
+                let verbatim = matches!(s.cloud_config, Some(Value::String(_)));
+                if !scene::has_demo_cloud(&provider_name) || args.cloud_config.is_some() || verbatim
+                {
+                    g = g.without_demo_cloud();
+                }
+                g.cloud_config = s.cloud_config;
+                if s.cluster_cidr.is_some() {
+                    g.cluster_cidr = s.cluster_cidr;
+                }
+                eprintln!(
+                    "sandbox: scenario {} has no nodes: and no services:, so its keys apply to the \
+                     generated scene ({} nodes, {} LoadBalancer services)",
+                    path.display(),
+                    args.nodes,
+                    args.services
+                );
+                (
+                    g,
+                    format!("scenario {} over the {}", path.display(), generated()),
+                )
+            }
             (Some(s), Some(path)) => (s, format!("scenario {}", path.display())),
             _ if scene::has_demo_cloud(&provider_name) && args.cloud_config.is_none() => {
                 (Scenario::generate(args.nodes, args.services), generated())
@@ -535,6 +567,12 @@ impl Sandbox {
             .into_scene(source, args.cluster_cidr.as_deref(), &context)
             .map_err(|e| usage(format!("{what}:\n{e}")))?;
         let several = scene.providers.len() > 1;
+        if scene.nodes.is_empty() && scene.services.is_empty() {
+            eprintln!(
+                "sandbox: the scene seeds nothing (no nodes, no services): it converges at once; \
+                 add nodes: or services: to the scenario"
+            );
+        }
 
         // Plugins and the daemon's flags.
         let work = WorkDir::create(args.work_dir.as_deref())?;
@@ -546,9 +584,7 @@ impl Sandbox {
         // The default directories hold whatever cargo built next to the binary (test fixtures
         // among them): load them without logging the files that are not plugins.
         let registry = if quiet {
-            tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-                PluginRegistry::load_dirs(&dirs, &loader)
-            })
+            PluginRegistry::load_dirs_quietly(&dirs, &loader)
         } else {
             PluginRegistry::load_dirs(&dirs, &loader)
         }
@@ -754,14 +790,14 @@ impl Sandbox {
         }
         let kubectl_config = self.args.kubeconfig_out.as_deref().unwrap_or(&kubeconfig);
         eprintln!(
-            "sandbox: API server {} (kubectl --kubeconfig {} get nodes -o wide{})",
+            "sandbox: API server {} ({})",
             server.url(),
-            kubectl_config.display(),
-            match (&self.args.kubeconfig_out, self.work.keep) {
-                (Some(_), _) | (None, true) => "",
-                (None, false) =>
-                    "; that kubeconfig is deleted when the sandbox exits: --kubeconfig-out PATH keeps one",
-            }
+            kubectl_hint(
+                kubectl_config,
+                self.args.kubeconfig_out.is_some(),
+                self.work.keep,
+                self.duration
+            )
         );
         let running: Vec<String> = self
             .providers
@@ -877,7 +913,7 @@ impl Sandbox {
             settled
         };
         let converged = progress.converged() && outcome == "converged";
-        let reason = (!converged).then(|| {
+        let mut reason = (!converged).then(|| {
             why_not_converged(
                 daemon_code,
                 interrupted.is_cancelled(),
@@ -886,6 +922,11 @@ impl Sandbox {
                 &progress,
             )
         });
+        if let Some(why) = reason.as_mut().filter(|w| w.starts_with(NO_ERROR_SEEN)) {
+            if let Some(seen) = self.ask_about_open_node(&progress).await {
+                why.push_str(&seen);
+            }
+        }
 
         // Summary: each provider's cloud, asked about the services it serves.
         let mut views = Vec::new();
@@ -896,8 +937,18 @@ impl Sandbox {
                 .filter(|s| self.expectations.server_of(s) == Some(i))
                 .cloned()
                 .collect();
-            let view =
+            let mut view =
                 report::cloud_view(source, &self.settings.controllers.cluster_name, &served).await;
+            // The summary is read after the sandbox exited: never name a file it deleted.
+            if let CloudSource::FakeStateFile(path) = source {
+                if !self.work.keep && path.starts_with(&self.work.path) {
+                    view.source = format!(
+                        "fake cloud state: {} in the sandbox's temporary directory, deleted at exit \
+                         (--work-dir DIR keeps it)",
+                        path.file_name().unwrap_or_default().to_string_lossy()
+                    );
+                }
+            }
             views.push((provider.registered_name().to_string(), view));
         }
         let cloud = report::merge_views(views);
@@ -1044,6 +1095,47 @@ impl Sandbox {
         Ok(code)
     }
 
+    /// When nothing was reported and a node is still not initialised: what its provider says
+    /// about it (the controllers log "instance not found" at info level only), and for a
+    /// generated scene with a provider without a demo cloud, that the generated names may be
+    /// unknown to that cloud. `None` when no node is open.
+    async fn ask_about_open_node(&self, progress: &Progress) -> Option<String> {
+        let node_name = progress.pending.iter().find_map(|item| {
+            let (name, what) = item.strip_prefix("node ")?.split_once(": ")?;
+            what.starts_with("not initialised").then_some(name)
+        })?;
+        let seeded = self.scene.nodes.iter().find(|n| n.spec.name == node_name)?;
+        let node = Scene::node_object(seeded);
+        let (provider, _) = self.providers.first()?;
+        let caps = provider.capabilities();
+        let answer = if caps.instances_v2 {
+            match provider.instance_metadata(&node).await {
+                Ok(Some(_)) => return None,
+                Ok(None) => "no instance metadata".to_string(),
+                Err(e) => e.to_string(),
+            }
+        } else if caps.instances {
+            match provider.instance_id(node_name).await {
+                Ok(_) => return None,
+                Err(e) => e.to_string(),
+            }
+        } else {
+            return None;
+        };
+        let generated =
+            self.args.scenario.is_none() && !self.scene.providers.iter().any(|p| p.demo);
+        Some(format!(
+            "; provider {} answers for node {node_name}: {answer}{}",
+            provider.registered_name(),
+            if generated {
+                " (the generated nodes are named node-01…: does your cloud know these names? \
+                 give it a scenario with your instances' names, see docs/sandbox.md#another-provider)"
+            } else {
+                ""
+            }
+        ))
+    }
+
     /// What the summary says of each provider.
     fn provider_infos(&self) -> Vec<ProviderInfo> {
         self.providers
@@ -1133,10 +1225,43 @@ impl Sandbox {
     }
 }
 
+/// What the first line says about kubectl: a command that works while the server runs, and
+/// for how long it runs; without `--duration` the sandbox exits as soon as the scene converged
+/// (seconds), so the hint is the flag that keeps it serving.
+fn kubectl_hint(kubeconfig: &Path, kept: bool, work_kept: bool, duration: Duration) -> String {
+    if duration.is_zero() {
+        // A file that stays can be named; a temporary one would be gone before it is used.
+        return if kept || work_kept {
+            format!(
+                "kubectl --kubeconfig {} get nodes -o wide, while the sandbox runs: it exits once \
+                 the scene converged, --duration 10m keeps it serving",
+                kubeconfig.display()
+            )
+        } else {
+            "the sandbox exits once the scene converged; to use kubectl, rerun with --duration 10m \
+             --kubeconfig-out PATH, then kubectl --kubeconfig PATH get nodes -o wide"
+                .to_string()
+        };
+    }
+    format!(
+        "kubectl --kubeconfig {} get nodes -o wide, until {} after the scene converged{}",
+        kubeconfig.display(),
+        crate::duration::format(duration),
+        if kept || work_kept {
+            ""
+        } else {
+            "; that kubeconfig is deleted when the sandbox exits: --kubeconfig-out PATH keeps one"
+        }
+    )
+}
+
 /// The summary's events are taken once none has been written for this long.
 const EVENTS_QUIET: Duration = Duration::from_secs(2);
 /// The longest the summary waits for the events to settle.
 const EVENTS_SETTLE_MAX: Duration = Duration::from_secs(30);
+/// How the reason starts when the controllers reported no error.
+const NO_ERROR_SEEN: &str = "no error seen";
+
 /// The sandbox's own `error:` lines (not the controllers').
 const SANDBOX_ERRORS: [&str; 2] = [
     "the scene did not converge",
@@ -1204,7 +1329,7 @@ fn why_not_converged(
     match first {
         Some((_, text)) => format!("first error seen: {text}"),
         None => format!(
-            "no error seen; {} item(s) still open when the wait ended",
+            "{NO_ERROR_SEEN}; {} item(s) still open when the wait ended",
             progress.pending.len()
         ),
     }

@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, Weak};
+use std::time::Duration;
 
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
@@ -257,6 +259,8 @@ pub struct FakeCloud {
 
 pub(crate) struct Inner {
     pub(crate) provider_name: String,
+    /// The name the plugin registered this cloud under (the `providerName` when none is set).
+    registered_name: String,
     caps: Capabilities,
     has_cluster_id: bool,
     /// The factory configuration (or the last one `reconfigure` applied): what a removed
@@ -267,7 +271,7 @@ pub(crate) struct Inner {
     control: Option<ControlWatcher>,
     pub(crate) log: CallLog,
     pub(crate) state: Mutex<CloudState>,
-    state_file: Option<StateFile>,
+    state_file: Option<Arc<StateWriter>>,
     /// `sharedState`: `cloud.json` is loaded at creation and on `Initialize`.
     shared: bool,
     pub(crate) auto_ips: Mutex<AutoIps>,
@@ -322,6 +326,7 @@ impl FakeCloud {
         }
         let cloud = Self {
             inner: Arc::new(Inner {
+                registered_name: registered_name.to_string(),
                 caps: Capabilities::from_config(flavour, &config),
                 has_cluster_id: config.has_cluster_id,
                 settings: RwLock::new(Arc::new(Settings::build(config.clone(), &provider_name))),
@@ -334,7 +339,7 @@ impl FakeCloud {
                 state_file: dir
                     .as_deref()
                     .filter(|_| config.cloud_state_file)
-                    .map(StateFile::new),
+                    .map(|dir| Arc::new(StateWriter::new(StateFile::new(dir)))),
                 shared: config.shared_state,
                 auto_ips: Mutex::new(AutoIps::default()),
                 host: Mutex::new(None),
@@ -343,11 +348,14 @@ impl FakeCloud {
         // Apply a control file that is already there, and publish the initial state (or, when
         // shared, take over the state another process published).
         let _ = cloud.settings();
-        if let Some(f) = &cloud.inner.state_file {
-            if cloud.inner.shared && f.exists() {
+        if let Some(w) = &cloud.inner.state_file {
+            if cloud.inner.shared && w.file.exists() {
                 cloud.load_shared_state();
             } else {
-                f.write(&lock(&cloud.inner.state).snapshot());
+                w.file.write(&lock(&cloud.inner.state).snapshot());
+            }
+            if !cloud.inner.shared {
+                w.spawn(Arc::downgrade(&cloud.inner))?;
             }
         }
         Ok(cloud)
@@ -355,7 +363,13 @@ impl FakeCloud {
 
     /// `sharedState`: replace the in-memory state with the one in `cloud.json`.
     fn load_shared_state(&self) {
-        let Some(file) = self.inner.state_file.as_ref().filter(|_| self.inner.shared) else {
+        let Some(file) = self
+            .inner
+            .state_file
+            .as_ref()
+            .filter(|_| self.inner.shared)
+            .map(|w| &w.file)
+        else {
             return;
         };
         if let Some(snapshot) = file.read() {
@@ -459,16 +473,185 @@ impl FakeCloud {
     }
 
     /// Change the cloud state; `f` returns whether it changed anything, in which case
-    /// `cloud.json` is rewritten (under the state lock, so the file follows the order of changes).
+    /// `cloud.json` is rewritten off the state lock ([`StateWriter`]): a 2,000-node cloud's file
+    /// is megabytes, and writing it under the lock after every change made concurrent calls wait
+    /// for each other's writes past their deadline. With `sharedState` it is written at once
+    /// under the lock, as the file is then the cloud other processes take over.
     pub(crate) fn mutate<R>(&self, f: impl FnOnce(&mut CloudState) -> (R, bool)) -> R {
         let mut state = lock(&self.inner.state);
         let (r, changed) = f(&mut state);
         if changed {
-            if let Some(file) = &self.inner.state_file {
-                file.write(&state.snapshot());
+            if let Some(w) = &self.inner.state_file {
+                if self.inner.shared {
+                    w.file.write(&state.snapshot());
+                } else {
+                    w.generation.fetch_add(1, Ordering::SeqCst);
+                    drop(state);
+                    w.changed(&self.inner);
+                }
             }
         }
         r
+    }
+
+    /// How many times `cloud.json` was written since the cloud was created (tests).
+    #[cfg(test)]
+    pub(crate) fn state_file_writes(&self) -> u64 {
+        self.inner
+            .state_file
+            .as_ref()
+            .map_or(0, |w| w.file.writes())
+    }
+}
+
+/// How long the writer thread waits between two writes of a burst handed to it: changes within
+/// it are written together.
+pub(crate) const STATE_WRITE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Writes of one caller in a row before it hands the rest of a burst to the writer thread.
+const CALLER_ROUNDS: usize = 2;
+
+/// Keeps `cloud.json` up to date off the state lock, coalescing changes:
+/// - the call whose change finds no write in progress writes the file itself (a snapshot taken
+///   briefly under the state lock, written outside it), so a lone change is on disk when its
+///   call returns;
+/// - a change made while a write is in progress only marks the file dirty: the writing call
+///   writes again (one write for every change made meanwhile) before it returns;
+/// - after [`CALLER_ROUNDS`] writes in a row, a burst that keeps going is handed to the writer
+///   thread, which writes at most every [`STATE_WRITE_INTERVAL`] until the changes stop.
+///
+/// When the cloud is dropped, a change not yet written is written then.
+pub(crate) struct StateWriter {
+    pub(crate) file: StateFile,
+    /// Bumped under the state lock with every change.
+    generation: AtomicU64,
+    flags: Mutex<WriterFlags>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct WriterFlags {
+    /// A call or the thread is writing (and will look at `dirty` before it stops).
+    writing: bool,
+    /// A change not yet in a snapshot being written.
+    dirty: bool,
+    /// The writer thread owns the writing.
+    handed_off: bool,
+    closed: bool,
+}
+
+impl StateWriter {
+    fn new(file: StateFile) -> Self {
+        Self {
+            file,
+            generation: AtomicU64::new(0),
+            flags: Mutex::new(WriterFlags::default()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Snapshot the state (under its lock) and write it (outside).
+    fn write_now(&self, inner: &Inner) {
+        let (generation, snapshot) = {
+            let state = lock(&inner.state);
+            (self.generation.load(Ordering::SeqCst), state.snapshot())
+        };
+        self.file.write_generation(generation, &snapshot);
+    }
+
+    /// A change was made (the state lock released).
+    fn changed(&self, inner: &Inner) {
+        {
+            let mut flags = lock(&self.flags);
+            if flags.writing {
+                flags.dirty = true;
+                return;
+            }
+            flags.writing = true;
+        }
+        for round in 1.. {
+            self.write_now(inner);
+            let mut flags = lock(&self.flags);
+            if !flags.dirty {
+                flags.writing = false;
+                return;
+            }
+            flags.dirty = false;
+            if round >= CALLER_ROUNDS {
+                // Still changing: the thread takes over, the call returns.
+                flags.dirty = true;
+                flags.handed_off = true;
+                drop(flags);
+                self.cv.notify_one();
+                return;
+            }
+        }
+    }
+
+    /// The writer thread: waits for a burst handed to it; `false` once the cloud is gone.
+    fn wait_handoff(&self) -> bool {
+        let mut flags = lock(&self.flags);
+        while !flags.handed_off && !flags.closed {
+            flags = self.cv.wait(flags).unwrap_or_else(PoisonError::into_inner);
+        }
+        !flags.closed
+    }
+
+    /// Stop the thread; whether a change was left unwritten.
+    fn close(&self) -> bool {
+        let mut flags = lock(&self.flags);
+        flags.closed = true;
+        let unwritten = flags.dirty || flags.handed_off;
+        drop(flags);
+        self.cv.notify_one();
+        unwritten
+    }
+
+    fn spawn(self: &Arc<Self>, cloud: Weak<Inner>) -> Result<()> {
+        let writer = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("fake-cloud-state".into())
+            .spawn(move || {
+                while writer.wait_handoff() {
+                    loop {
+                        std::thread::sleep(STATE_WRITE_INTERVAL);
+                        {
+                            let mut flags = lock(&writer.flags);
+                            if flags.closed {
+                                return;
+                            }
+                            flags.dirty = false;
+                        }
+                        let Some(inner) = cloud.upgrade() else { return };
+                        writer.write_now(&inner);
+                        drop(inner);
+                        let mut flags = lock(&writer.flags);
+                        if !flags.dirty {
+                            flags.handed_off = false;
+                            flags.writing = false;
+                            break;
+                        }
+                    }
+                }
+            })
+            .map(drop)
+            .map_err(|e| {
+                ProviderError::other(format!(
+                    "fake cloud: cannot start the thread writing cloud.json: {e}"
+                ))
+            })
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(w) = self.state_file.as_ref().filter(|_| !self.shared) {
+            if w.close() {
+                let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+                w.file
+                    .write_generation(w.generation.load(Ordering::SeqCst), &state.snapshot());
+            }
+        }
     }
 }
 
@@ -589,9 +772,19 @@ impl CloudProvider for FakeCloud {
         if s.config.reconfigure == ReconfigureMode::NotImplemented {
             return Err(ProviderError::not_implemented());
         }
-        let new = FakeConfig::parse(config)?;
+        let mut new = FakeConfig::parse(config)?;
         {
             let mut base = lock(&self.inner.base);
+            // `providerName` set to the name in force (or left out when it is the registered
+            // name) is no change.
+            let effective = new
+                .provider_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(&self.inner.registered_name);
+            if effective == self.inner.provider_name {
+                new.provider_name = base.provider_name.clone();
+            }
             let changed = fixed_changes(&base, &new);
             if !changed.is_empty() {
                 return Err(ProviderError::invalid_config(format!(

@@ -5,7 +5,8 @@
 //! - [`CALLS_FILE`] (`calls.jsonl`): one JSON line per provider call ([`CallRecord`]).
 //! - [`STATE_FILE`] (`cloud.json`): the cloud's load balancers and routes ([`FakeState`] of
 //!   [`LoadBalancerRecord`]s and [`RouteRecord`]s, the types the cloud keeps them in),
-//!   rewritten atomically after every change.
+//!   rewritten atomically after changes, off the state lock and coalesced (`cloud::StateWriter`;
+//!   with `sharedState`: at once, under the lock).
 //!
 //! The free functions here are the test side of that contract.
 
@@ -468,12 +469,19 @@ impl ControlWatcher {
 /// Writes `stateDir/cloud.json`.
 pub(crate) struct StateFile {
     path: PathBuf,
+    /// The generation of the state last written: a write of an older snapshot (racing a newer
+    /// one) is dropped, so the file never goes back in time.
+    written: std::sync::Mutex<u64>,
+    /// How many times the file was written.
+    writes: std::sync::atomic::AtomicU64,
 }
 
 impl StateFile {
     pub(crate) fn new(dir: &Path) -> Self {
         Self {
             path: dir.join(STATE_FILE),
+            written: std::sync::Mutex::new(0),
+            writes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -497,7 +505,28 @@ impl StateFile {
         }
     }
 
+    /// Write `state`, the cloud's state at `generation`, unless a newer one was written.
+    pub(crate) fn write_generation(&self, generation: u64, state: &FakeState) {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if generation < *written {
+            return;
+        }
+        *written = generation;
+        self.write(state);
+    }
+
+    /// How many times the file was written.
+    #[cfg(test)]
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn write(&self, state: &FakeState) {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let result = serde_json::to_vec_pretty(state)
             .map_err(io::Error::other)
             .and_then(|bytes| write_atomic(&self.path, &bytes));

@@ -1004,6 +1004,89 @@ fn health_follows_the_health_setting() {
     assert!(FakeCloud::new(FAKE, Flavour::Fake, Some(b"health: {kind: retry_after}")).is_err());
 }
 
+/// Poll `dir/cloud.json` until `pred` holds (5 s at most).
+fn wait_for_state(dir: &Path, pred: impl Fn(&FakeState) -> bool) -> FakeState {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let state = FakeState::read(dir).unwrap();
+        if pred(&state) {
+            return state;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "cloud.json never matched: {state:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn cloud_json_is_written_off_the_lock_and_changes_made_meanwhile_are_one_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = state_dir_cloud(dir.path(), "");
+    let x = ctx();
+    let route = |i: usize| Route {
+        target_node: format!("n{i}"),
+        destination_cidr: format!("10.{}.{}.0/24", i / 256, i % 256),
+        ..Route::default()
+    };
+    // A lone change is on disk when its call returns.
+    c.create_route(&x, "kubernetes", "uid-0", &route(0))
+        .unwrap();
+    assert_eq!(FakeState::read(dir.path()).unwrap(), c.state());
+    // 8 threads changing the cloud at once: the calls never wait for each other's writes
+    // under the state lock, changes made during a write are written together, and the file
+    // ends with every change.
+    let written_before = c.state_file_writes();
+    std::thread::scope(|scope| {
+        for t in 0..8 {
+            let (c, x) = (c.clone(), x.clone());
+            scope.spawn(move || {
+                for i in 0..100 {
+                    let n = 1 + t * 100 + i;
+                    c.create_route(&x, "kubernetes", &format!("uid-{n}"), &route(n))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let state = wait_for_state(dir.path(), |s| s.routes.len() == 801);
+    assert_eq!(state, c.state());
+    let writes = c.state_file_writes() - written_before;
+    assert!(
+        writes < 800,
+        "{writes} writes for 800 concurrent changes: none coalesced"
+    );
+    // A change handed to the writer thread is written when the cloud goes, at the latest.
+    c.create_route(&x, "kubernetes", "uid-last", &route(900))
+        .unwrap();
+    drop(c);
+    wait_for_state(dir.path(), |s| s.routes.len() == 802);
+}
+
+#[test]
+fn reconfigure_to_the_provider_name_in_force_is_no_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |extra: &str| format!("stateDir: {}\n{extra}", dir.path().display());
+    let x = ctx();
+    // Registered as `fake`, no providerName: naming `fake` changes nothing.
+    let c = state_dir_cloud(dir.path(), "");
+    c.reconfigure(&x, text("providerName: fake\n").as_bytes())
+        .unwrap();
+    c.reconfigure(&x, text("").as_bytes()).unwrap();
+    let e = c
+        .reconfigure(&x, text("providerName: aws\n").as_bytes())
+        .unwrap_err();
+    assert!(e.message().contains("providerName"), "{}", e.message());
+    drop(c);
+    // providerName: aws in force: naming it again, or leaving it as it is, changes nothing.
+    let c = state_dir_cloud(dir.path(), "providerName: aws\n");
+    c.reconfigure(&x, text("providerName: aws\n").as_bytes())
+        .unwrap();
+    let e = c.reconfigure(&x, text("").as_bytes()).unwrap_err();
+    assert!(e.message().contains("providerName"), "{}", e.message());
+}
+
 #[test]
 fn call_log_and_cloud_state_files() {
     let dir = tempfile::tempdir().unwrap();
