@@ -1,0 +1,510 @@
+//! LoadBalancer: one haproxy container per Service on the cluster's network.
+//!
+//! - **Name** `ccmlb-<first 12 hex digits of SHA-256("<cluster>/<namespace>/<name>")>`, labels
+//!   [`OWNER_LABEL`] = the cluster and [`SERVICE_LABEL`] = `namespace/name`. A container of
+//!   that name without both labels is someone else's: it is never changed or removed.
+//! - **Ensure**: every port must be TCP with a NodePort (UDP and SCTP are refused with one
+//!   error naming the ports, and nothing changes). The configuration ([`crate::haproxy`]) is
+//!   rendered from the hosts' InternalIPs; a missing container is created from the proxy image
+//!   (missing image: one error naming it), the file put in with the archive endpoint, and the
+//!   container started. A running one whose file differs gets the new file and `SIGUSR2`
+//!   (haproxy's seamless reload); one that is not running, or whose image or published ports
+//!   differ, is re-created.
+//! - **Status**: the container's IPv4 address on the cluster network, `ipMode: Proxy` (the
+//!   proxy terminates connections: clients' addresses are not preserved), every port; with
+//!   `publishOnLoopback` a second entry `127.0.0.1` (each Service port published on the
+//!   machine's loopback at the same port number).
+//! - **Delete**: the container is removed (a foreign one of that name is left alone).
+//!
+//! Differences from cloud-provider-kind: haproxy configured by a file and reloaded by signal
+//! instead of Envoy with file-based xDS; health checks on the NodePort (or
+//! healthCheckNodePort) rather than kube-proxy's 10256; not privileged (only the namespaced
+//! sysctl `net.ipv4.ip_unprivileged_port_start=0`); create-time properties (image, published
+//! ports) are reconciled by re-creating the container; UDP is refused instead of proxied.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ccm_provider_abi::prelude::*;
+use ccm_provider_abi::sdk::Result;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::cloud::Shared;
+use crate::engine::Container;
+use crate::haproxy::{self, Backend, Plan, Port, CONFIG_DIR, CONFIG_FILE};
+
+/// Ownership label: the cluster whose load balancer this container is.
+pub const OWNER_LABEL: &str = "io.ccm-host.containers.load-balancer-of";
+/// The Service (`namespace/name`) the container serves.
+pub const SERVICE_LABEL: &str = "io.ccm-host.containers.service";
+/// The published ports at creation (`80/TCP,443/TCP`; empty when not published).
+pub const PUBLISHED_LABEL: &str = "io.ccm-host.containers.published";
+/// The loopback address ports are published on.
+pub const LOOPBACK: &str = "127.0.0.1";
+
+/// The `containers` LoadBalancer.
+pub struct ContainerLoadBalancer {
+    shared: Arc<Shared>,
+}
+
+fn service_key(svc: &Service) -> String {
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or("default"),
+        svc.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// The proxy container's name for a Service.
+pub fn container_name(cluster: &str, service: &Service) -> String {
+    let digest = Sha256::digest(format!("{cluster}/{}", service_key(service)).as_bytes());
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("ccmlb-{hex}")
+}
+
+/// The InternalIP a host is reached at (IPv4 first).
+fn host_address(node: &Node) -> Option<IpAddr> {
+    let addrs: Vec<IpAddr> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == address_type::INTERNAL_IP)
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+}
+
+fn valid_range(r: &str) -> bool {
+    let Some((ip, len)) = r.split_once('/') else {
+        return false;
+    };
+    let (Ok(ip), Ok(len)) = (ip.parse::<IpAddr>(), len.parse::<u8>()) else {
+        return false;
+    };
+    len <= if ip.is_ipv4() { 32 } else { 128 }
+}
+
+impl ContainerLoadBalancer {
+    /// The load balancer of the shared runtime client.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    fn name(&self, svc: &Service) -> String {
+        container_name(&self.shared.config.cluster, svc)
+    }
+
+    fn is_ours(&self, c: &Container, svc: &Service) -> bool {
+        let labels = c.labels();
+        labels.get(OWNER_LABEL) == Some(&self.shared.config.cluster)
+            && labels.get(SERVICE_LABEL) == Some(&service_key(svc))
+    }
+
+    /// The Service's container if it is ours; `Err` if a foreign container has its name.
+    fn ours(&self, ctx: &CallContext, svc: &Service) -> Result<Option<Container>> {
+        let name = self.name(svc);
+        match self.shared.engine.inspect(ctx, &name)? {
+            Some(c) if self.is_ours(&c, svc) => Ok(Some(c)),
+            Some(_) => Err(ProviderError::other(format!(
+                "container {name} exists but was not made by ccm-host for Service {} (labels {OWNER_LABEL}, {SERVICE_LABEL}): it is left alone; remove or rename it",
+                service_key(svc)
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// The plan for a Service and its hosts; refuses what the proxy cannot carry.
+    fn plan(&self, svc: &Service, nodes: &[Node]) -> Result<Plan> {
+        let key = service_key(svc);
+        let spec = svc.spec.clone().unwrap_or_default();
+        let mut ports = Vec::new();
+        let mut refused = Vec::new();
+        for p in spec.ports.iter().flatten() {
+            let proto = p.protocol.as_deref().unwrap_or("TCP");
+            let label = match &p.name {
+                Some(n) if !n.is_empty() => format!("{n} {}/{proto}", p.port),
+                _ => format!("{}/{proto}", p.port),
+            };
+            if proto != "TCP" {
+                refused.push(format!(
+                    "{label}: the haproxy load balancer carries TCP only"
+                ));
+                continue;
+            }
+            match p.node_port {
+                Some(np) if np > 0 => ports.push(Port {
+                    port: p.port,
+                    node_port: np,
+                }),
+                _ => refused.push(format!("{label}: no nodePort (allocateLoadBalancerNodePorts: false is not supported)")),
+            }
+        }
+        if !refused.is_empty() {
+            return Err(ProviderError::other(format!(
+                "Service {key}: ports refused, load balancer left as it was: {}",
+                refused.join("; ")
+            )));
+        }
+        if ports.is_empty() {
+            return Err(ProviderError::other(format!(
+                "Service {key} has no ports to balance"
+            )));
+        }
+        let mut ranges = Vec::new();
+        for r in spec.load_balancer_source_ranges.iter().flatten() {
+            let r = r.trim();
+            if !valid_range(r) {
+                return Err(ProviderError::other(format!(
+                    "Service {key}: loadBalancerSourceRanges entry {r:?} is not a CIDR (e.g. 10.0.0.0/8)"
+                )));
+            }
+            ranges.push(r.to_string());
+        }
+        let local = spec.external_traffic_policy.as_deref() == Some("Local");
+        let mut backends = Vec::new();
+        for n in nodes {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            match host_address(n) {
+                Some(address) => backends.push(Backend { name, address }),
+                None => log::warn!(
+                    "containers load balancer {key}: node {name} has no InternalIP; it gets no traffic"
+                ),
+            }
+        }
+        backends.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Plan {
+            service: key,
+            ports,
+            backends,
+            health_check_node_port: spec
+                .health_check_node_port
+                .filter(|hc| local && *hc > 0),
+            client_ip_affinity: spec.session_affinity.as_deref() == Some("ClientIP"),
+            source_ranges: ranges,
+            check_interval: self
+                .shared
+                .config
+                .health_check_interval()
+                .unwrap_or(std::time::Duration::from_secs(2)),
+        })
+    }
+
+    /// `80/TCP,443/TCP` when published, else "".
+    fn published(&self, plan: &Plan) -> String {
+        if !self.shared.config.load_balancer.publish_on_loopback {
+            return String::new();
+        }
+        plan.ports
+            .iter()
+            .map(|p| format!("{}/TCP", p.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn create(&self, ctx: &CallContext, svc: &Service, plan: &Plan, config: &str) -> Result<()> {
+        let engine = &self.shared.engine;
+        let cfg = &self.shared.config;
+        let image = &cfg.load_balancer.image;
+        let name = self.name(svc);
+        if !engine.image_exists(ctx, image)? {
+            return Err(ProviderError::other(format!(
+                "load balancer image {image} is not in the container runtime ({}): build or pull it, or set loadBalancer.image in the cloud config",
+                engine.socket().display()
+            )));
+        }
+        let published = self.published(plan);
+        let mut exposed = serde_json::Map::new();
+        let mut bindings = serde_json::Map::new();
+        if !published.is_empty() {
+            for p in &plan.ports {
+                exposed.insert(format!("{}/tcp", p.port), json!({}));
+                bindings.insert(
+                    format!("{}/tcp", p.port),
+                    json!([{"HostIp": LOOPBACK, "HostPort": p.port.to_string()}]),
+                );
+            }
+        }
+        let labels: BTreeMap<&str, String> = [
+            (OWNER_LABEL, cfg.cluster.clone()),
+            (SERVICE_LABEL, plan.service.clone()),
+            (PUBLISHED_LABEL, published),
+        ]
+        .into_iter()
+        .collect();
+        let spec = json!({
+            "Image": image,
+            "Hostname": name,
+            "Entrypoint": ["haproxy"],
+            "Cmd": ["-W", "-db", "-f", format!("{CONFIG_DIR}/{CONFIG_FILE}")],
+            "Labels": labels,
+            "ExposedPorts": exposed,
+            "HostConfig": {
+                "NetworkMode": cfg.network,
+                "PortBindings": bindings,
+                "Sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
+            },
+            "NetworkingConfig": {"EndpointsConfig": {cfg.network.clone(): {}}},
+        });
+        let id = engine.create(ctx, &name, &spec).map_err(|e| {
+            e.context(format!("creating load balancer container {name} on network {}", cfg.network))
+        })?;
+        let result = (|| {
+            self.put_config(ctx, &id, config)?;
+            engine.start(ctx, &id)
+        })();
+        if let Err(e) = result {
+            // Nothing half-made stays behind.
+            let _ = engine.remove(&CallContext::background(), &id);
+            return Err(e.context(format!("starting load balancer container {name}")));
+        }
+        log::info!(
+            "containers load balancer {}: created {name} ({} ports, {} hosts)",
+            plan.service,
+            plan.ports.len(),
+            plan.backends.len()
+        );
+        Ok(())
+    }
+
+    fn put_config(&self, ctx: &CallContext, id: &str, config: &str) -> Result<()> {
+        let dir = CONFIG_DIR.trim_start_matches('/');
+        let (parent, leaf) = dir.rsplit_once('/').unwrap_or(("", dir));
+        let tar = crate::tar::archive(leaf, &[(CONFIG_FILE, config.as_bytes())]);
+        self.shared
+            .engine
+            .put_archive(ctx, id, &format!("/{parent}"), &tar)
+    }
+
+    fn current_config(&self, ctx: &CallContext, c: &Container) -> Result<Option<String>> {
+        Ok(self
+            .shared
+            .engine
+            .read_file(ctx, &c.id, &format!("{CONFIG_DIR}/{CONFIG_FILE}"))?
+            .map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// Bring the Service's container to `plan`.
+    fn apply(&self, ctx: &CallContext, svc: &Service, plan: &Plan) -> Result<()> {
+        let engine = &self.shared.engine;
+        let config = haproxy::render(plan);
+        let existing = self.ours(ctx, svc)?;
+        if let Some(c) = &existing {
+            let labels = c.labels();
+            let stale = !c.state.running
+                || c.config.image != self.shared.config.load_balancer.image
+                || labels.get(PUBLISHED_LABEL).map(String::as_str).unwrap_or("")
+                    != self.published(plan);
+            if stale {
+                log::info!(
+                    "containers load balancer {}: re-creating {} (state {}, image {})",
+                    plan.service,
+                    c.short_name(),
+                    c.state.status,
+                    c.config.image
+                );
+                engine.remove(ctx, &c.id)?;
+            } else {
+                if self.current_config(ctx, c)?.as_deref() == Some(config.as_str()) {
+                    return Ok(());
+                }
+                self.put_config(ctx, &c.id, &config)?;
+                engine.kill(ctx, &c.id, "SIGUSR2")?;
+                log::info!(
+                    "containers load balancer {}: reloaded {} ({} hosts)",
+                    plan.service,
+                    c.short_name(),
+                    plan.backends.len()
+                );
+                return Ok(());
+            }
+        }
+        self.create(ctx, svc, plan, &config)
+    }
+
+    fn status(&self, svc: &Service, c: &Container) -> Result<LoadBalancerStatus> {
+        let cfg = &self.shared.config;
+        let ip = c
+            .network_settings
+            .networks
+            .get(&cfg.network)
+            .map(|ep| ep.ip_address.clone())
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| {
+                ProviderError::other(format!(
+                    "load balancer container {} has no IPv4 address on network {} (state {})",
+                    c.short_name(),
+                    cfg.network,
+                    c.state.status
+                ))
+            })?;
+        let ports: Vec<PortStatus> = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|p| PortStatus {
+                port: p.port,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                error: None,
+            })
+            .collect();
+        let entry = |ip: String| LoadBalancerIngress {
+            ip: Some(ip),
+            ip_mode: Some("Proxy".into()),
+            ports: Some(ports.clone()),
+            ..Default::default()
+        };
+        let mut ingress = vec![entry(ip)];
+        if !c
+            .labels()
+            .get(PUBLISHED_LABEL)
+            .map(String::is_empty)
+            .unwrap_or(true)
+        {
+            ingress.push(entry(LOOPBACK.into()));
+        }
+        Ok(LoadBalancerStatus {
+            ingress: Some(ingress),
+        })
+    }
+}
+
+impl LoadBalancer for ContainerLoadBalancer {
+    fn get_load_balancer(
+        &self,
+        ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> Result<Option<LoadBalancerStatus>> {
+        match self.ours(ctx, service)? {
+            Some(c) if c.state.running => self.status(service, &c).map(Some),
+            // Exists but stopped: no address to publish; Ensure re-creates it.
+            Some(_) => Ok(Some(LoadBalancerStatus::default())),
+            None => Ok(None),
+        }
+    }
+
+    fn get_load_balancer_name(
+        &self,
+        _ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> Result<String> {
+        Ok(self.name(service))
+    }
+
+    fn ensure_load_balancer(
+        &self,
+        ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<Option<LoadBalancerStatus>> {
+        let plan = self.plan(service, nodes)?;
+        self.apply(ctx, service, &plan)?;
+        let c = self.ours(ctx, service)?.ok_or_else(|| {
+            ProviderError::other(format!(
+                "load balancer container {} vanished right after it was made",
+                self.name(service)
+            ))
+        })?;
+        if !c.state.running {
+            return Err(ProviderError::other(format!(
+                "load balancer container {} is {} right after its start (see `podman logs {}`)",
+                c.short_name(),
+                c.state.status,
+                c.short_name()
+            )));
+        }
+        self.status(service, &c).map(Some)
+    }
+
+    fn update_load_balancer(
+        &self,
+        ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> Result<()> {
+        let plan = self.plan(service, nodes)?;
+        self.apply(ctx, service, &plan)
+    }
+
+    fn ensure_load_balancer_deleted(
+        &self,
+        ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> Result<()> {
+        let name = self.name(service);
+        match self.shared.engine.inspect(ctx, &name)? {
+            Some(c) if self.is_ours(&c, service) => {
+                self.shared.engine.remove(ctx, &c.id)?;
+                log::info!(
+                    "containers load balancer {}: removed {name}",
+                    service_key(service)
+                );
+                Ok(())
+            }
+            Some(_) => {
+                log::warn!(
+                    "containers load balancer {}: container {name} was not made by ccm-host; left alone",
+                    service_key(service)
+                );
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> Result<Option<Vec<String>>> {
+        let Some(c) = self.ours(ctx, service)? else {
+            return Ok(None);
+        };
+        Ok(Some(
+            self.current_config(ctx, &c)?
+                .map(|t| haproxy::hosts(&t))
+                .unwrap_or_default(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_stable_and_short() {
+        let svc: Service = serde_json::from_value(
+            json!({"metadata": {"name": "lb-service-local", "namespace": "default"}}),
+        )
+        .unwrap();
+        let a = container_name("kind", &svc);
+        assert_eq!(a, container_name("kind", &svc));
+        assert_eq!(a.len(), "ccmlb-".len() + 12);
+        assert_ne!(a, container_name("other", &svc));
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        assert!(valid_range("10.0.0.0/8"));
+        assert!(valid_range("fd00::/64"));
+        assert!(!valid_range("10.0.0.0/33"));
+        assert!(!valid_range("10.0.0.0"));
+        assert!(!valid_range("x/8"));
+    }
+}
