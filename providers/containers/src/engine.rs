@@ -149,9 +149,7 @@ impl Engine {
             match stream.write(&out[written..]) {
                 Ok(0) => return Err(self.io_error(&what(), IoKind::WriteZero.into())),
                 Ok(n) => written += n,
-                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
-                    over(ctx)?
-                }
+                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => over(ctx)?,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => return Err(self.io_error(&what(), e)),
             }
@@ -175,9 +173,7 @@ impl Engine {
                         return Err(self.protocol_error(&what(), "response too large".into()));
                     }
                 }
-                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
-                    over(ctx)?
-                }
+                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => over(ctx)?,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => return Err(self.io_error(&what(), e)),
             }
@@ -319,6 +315,16 @@ impl Engine {
         }
     }
 
+    /// The last `tail` lines of a container's stdout and stderr (`GET /containers/{id}/logs`).
+    pub fn logs(&self, ctx: &CallContext, id: &str, tail: usize) -> Result<String> {
+        let path = format!(
+            "/containers/{}/logs?stdout=true&stderr=true&tail={tail}",
+            encode(id)
+        );
+        let r = self.expect_ok(ctx, "GET", &path, "", &[])?;
+        Ok(demux(&r.body))
+    }
+
     /// `PUT /containers/{id}/archive?path=`: unpack a tar into the container's `dir`.
     pub fn put_archive(&self, ctx: &CallContext, id: &str, dir: &str, tar: &[u8]) -> Result<()> {
         let path = format!("/containers/{}/archive?path={}", encode(id), encode(dir));
@@ -337,6 +343,25 @@ impl Engine {
             _ => Err(self.status_error("GET", &path, &r)),
         }
     }
+}
+
+/// The text of a log stream: the Engine API multiplexes stdout and stderr of a container
+/// without a terminal in frames (`[stream, 0, 0, 0, size as u32 big-endian]` + data); a stream
+/// that is not framed is returned as it is.
+pub fn demux(raw: &[u8]) -> String {
+    let framed = raw.len() >= 8 && raw[0] <= 2 && raw[1..4] == [0, 0, 0];
+    if !framed {
+        return String::from_utf8_lossy(raw).into_owned();
+    }
+    let mut out = Vec::new();
+    let mut rest = raw;
+    while rest.len() >= 8 {
+        let size = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
+        let end = (8 + size).min(rest.len());
+        out.extend_from_slice(&rest[8..end]);
+        rest = &rest[end..];
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Parse a complete response out of `raw` if it is complete (by length or chunked end).
@@ -565,17 +590,20 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((r.status, r.body.as_slice()), (200, &b"hi"[..]));
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhi")
-            .unwrap()
-            .is_none());
+        assert!(
+            parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhi")
+                .unwrap()
+                .is_none()
+        );
         let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
         let r = parse_response(chunked).unwrap().unwrap();
         assert_eq!(r.body, b"abcde");
         assert!(parse_response(&chunked[..chunked.len() - 8])
             .unwrap()
             .is_none());
-        let r = parse_complete(b"HTTP/1.0 404 Not Found\r\n\r\n{\"message\":\"no such container\"}")
-            .unwrap();
+        let r =
+            parse_complete(b"HTTP/1.0 404 Not Found\r\n\r\n{\"message\":\"no such container\"}")
+                .unwrap();
         assert_eq!(r.status, 404);
         assert_eq!(r.message(), "no such container");
         assert!(parse_complete(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nab").is_err());
@@ -603,6 +631,16 @@ mod tests {
             .ping(&CallContext::background())
             .unwrap_err();
         assert!(e.message().contains("connection refused"), "{e}");
+    }
+
+    #[test]
+    fn log_frames_are_joined() {
+        let mut raw = vec![2, 0, 0, 0, 0, 0, 0, 6];
+        raw.extend_from_slice(b"alert\n");
+        raw.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 3]);
+        raw.extend_from_slice(b"ok\n");
+        assert_eq!(demux(&raw), "alert\nok\n");
+        assert_eq!(demux(b"plain text"), "plain text");
     }
 
     #[test]

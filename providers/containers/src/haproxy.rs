@@ -76,7 +76,7 @@ pub fn render(plan: &Plan) -> String {
     }
     let _ = writeln!(
         s,
-        "global\n    stats socket /tmp/ccm-haproxy.sock mode 600 expose-fd listeners level user\n    hard-stop-after {HARD_STOP_AFTER}\n    maxconn 10000\n"
+        "global\n    stats socket /tmp/ccm-haproxy.sock mode 600 expose-fd listeners level user\n    hard-stop-after {HARD_STOP_AFTER}\n"
     );
     let _ = writeln!(
         s,
@@ -192,7 +192,9 @@ mod tests {
         assert!(text.contains("option httpchk GET /healthz"));
         assert!(text.contains("10.89.0.2:30080 check port 32000"));
         assert!(text.contains("balance source"));
-        assert!(text.contains("tcp-request connection reject unless { src 10.0.0.0/8 192.168.1.0/24 }"));
+        assert!(
+            text.contains("tcp-request connection reject unless { src 10.0.0.0/8 192.168.1.0/24 }")
+        );
         p.backends.clear();
         assert!(hosts(&render(&p)).is_empty());
     }

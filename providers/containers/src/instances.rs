@@ -233,7 +233,10 @@ mod tests {
             label_value("docker.io/kindest/node:v1.33.1"),
             "docker.io-kindest-node-v1.33.1"
         );
-        assert_eq!(label_value("localhost/x@sha256:ab"), "localhost-x-sha256-ab");
+        assert_eq!(
+            label_value("localhost/x@sha256:ab"),
+            "localhost-x-sha256-ab"
+        );
         assert_eq!(label_value(&"a".repeat(80)).len(), 63);
         assert_eq!(label_value("-x-"), "x");
     }

@@ -25,6 +25,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
@@ -41,6 +42,8 @@ pub const OWNER_LABEL: &str = "io.ccm-host.containers.load-balancer-of";
 pub const SERVICE_LABEL: &str = "io.ccm-host.containers.service";
 /// The published ports at creation (`80/TCP,443/TCP`; empty when not published).
 pub const PUBLISHED_LABEL: &str = "io.ccm-host.containers.published";
+/// How long a new proxy may take to report that it loaded its configuration.
+const START_WAIT: Duration = Duration::from_secs(10);
 /// The loopback address ports are published on.
 pub const LOOPBACK: &str = "127.0.0.1";
 
@@ -144,7 +147,9 @@ impl ContainerLoadBalancer {
                     port: p.port,
                     node_port: np,
                 }),
-                _ => refused.push(format!("{label}: no nodePort (allocateLoadBalancerNodePorts: false is not supported)")),
+                _ => refused.push(format!(
+                    "{label}: no nodePort (allocateLoadBalancerNodePorts: false is not supported)"
+                )),
             }
         }
         if !refused.is_empty() {
@@ -184,16 +189,14 @@ impl ContainerLoadBalancer {
             service: key,
             ports,
             backends,
-            health_check_node_port: spec
-                .health_check_node_port
-                .filter(|hc| local && *hc > 0),
+            health_check_node_port: spec.health_check_node_port.filter(|hc| local && *hc > 0),
             client_ip_affinity: spec.session_affinity.as_deref() == Some("ClientIP"),
             source_ranges: ranges,
             check_interval: self
                 .shared
                 .config
                 .health_check_interval()
-                .unwrap_or(std::time::Duration::from_secs(2)),
+                .unwrap_or(Duration::from_secs(2)),
         })
     }
 
@@ -254,11 +257,15 @@ impl ContainerLoadBalancer {
             "NetworkingConfig": {"EndpointsConfig": {cfg.network.clone(): {}}},
         });
         let id = engine.create(ctx, &name, &spec).map_err(|e| {
-            e.context(format!("creating load balancer container {name} on network {}", cfg.network))
+            e.context(format!(
+                "creating load balancer container {name} on network {}",
+                cfg.network
+            ))
         })?;
         let result = (|| {
             self.put_config(ctx, &id, config)?;
-            engine.start(ctx, &id)
+            engine.start(ctx, &id)?;
+            self.wait_started(ctx, &id, &name)
         })();
         if let Err(e) = result {
             // Nothing half-made stays behind.
@@ -272,6 +279,36 @@ impl ContainerLoadBalancer {
             plan.backends.len()
         );
         Ok(())
+    }
+
+    /// Wait until haproxy says `Loading success.` (at most [`START_WAIT`]); a proxy that exits
+    /// instead is an error quoting its last log lines.
+    fn wait_started(&self, ctx: &CallContext, id: &str, name: &str) -> Result<()> {
+        let engine = &self.shared.engine;
+        let started = Instant::now();
+        loop {
+            let logs = engine.logs(ctx, id, 20)?;
+            if logs.contains("Loading success") {
+                return Ok(());
+            }
+            let running = engine.inspect(ctx, id)?.is_some_and(|c| c.state.running);
+            if !running {
+                let last: Vec<&str> = logs
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect();
+                let tail = last[last.len().saturating_sub(3)..].join(" | ");
+                return Err(ProviderError::other(format!(
+                    "load balancer container {name} exited at start: {tail}"
+                )));
+            }
+            if started.elapsed() > START_WAIT {
+                log::warn!("containers load balancer: {name} runs but haproxy did not report `Loading success.` within {START_WAIT:?}");
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn put_config(&self, ctx: &CallContext, id: &str, config: &str) -> Result<()> {
@@ -300,7 +337,10 @@ impl ContainerLoadBalancer {
             let labels = c.labels();
             let stale = !c.state.running
                 || c.config.image != self.shared.config.load_balancer.image
-                || labels.get(PUBLISHED_LABEL).map(String::as_str).unwrap_or("")
+                || labels
+                    .get(PUBLISHED_LABEL)
+                    .map(String::as_str)
+                    .unwrap_or("")
                     != self.published(plan);
             if stale {
                 log::info!(
