@@ -555,6 +555,11 @@ impl Container {
         self.name.trim_start_matches('/')
     }
 
+    /// Running and not paused (Docker and podman report a paused container as `Running`).
+    pub fn is_up(&self) -> bool {
+        self.state.status == "running"
+    }
+
     /// The labels (empty map when none).
     pub fn labels(&self) -> BTreeMap<String, String> {
         self.config.labels.clone().unwrap_or_default()

@@ -1,7 +1,8 @@
 //! InstancesV2 and bulk lookups: a node is the container whose name is the Node's name (or the
 //! name in its providerID) and that carries the cluster's label (`io.x-k8s.kind.cluster=<cluster>`
 //! by default). A running container exists; a stopped one (exited, created, paused, ...) exists
-//! and is shut down; a removed one, or one without the cluster's label, does not exist.
+//! and is shut down (a stopped container has no address: its metadata has none, and the Node
+//! keeps the addresses it had); a removed one, or one without the cluster's label, does not exist.
 //!
 //! Differences from cloud-provider-kind: the providerID is the same (`kind://<cluster>/kind/<name>`,
 //! so Nodes initialised by either keep their IDs), but a stopped container is reported shut
@@ -112,29 +113,30 @@ impl ContainerInstances {
         let cfg = &self.shared.config;
         let labels = c.labels();
         let name = c.short_name();
-        let mut addresses = Vec::new();
-        let mut push = |t: &str, a: &str| {
-            if !a.is_empty()
-                && !addresses
-                    .iter()
-                    .any(|x: &NodeAddress| x.type_ == t && x.address == a)
-            {
-                addresses.push(NodeAddress {
-                    type_: t.into(),
-                    address: a.into(),
-                });
-            }
-        };
+        let mut addresses: Vec<NodeAddress> = Vec::new();
         let networks = &c.network_settings.networks;
         let ordered = networks
             .get_key_value(&cfg.network)
             .into_iter()
             .chain(networks.iter().filter(|(n, _)| **n != cfg.network));
         for (_, ep) in ordered {
-            push(address_type::INTERNAL_IP, &ep.ip_address);
-            push(address_type::INTERNAL_IP, &ep.global_ipv6_address);
+            for a in [&ep.ip_address, &ep.global_ipv6_address] {
+                if !a.is_empty() && !addresses.iter().any(|x| &x.address == a) {
+                    addresses.push(NodeAddress {
+                        type_: address_type::INTERNAL_IP.into(),
+                        address: a.clone(),
+                    });
+                }
+            }
         }
-        push(address_type::HOSTNAME, name);
+        // A stopped container has no address: report none at all, so that the Node keeps
+        // the addresses it has (the host keeps them when the cloud returns none).
+        if !addresses.is_empty() {
+            addresses.push(NodeAddress {
+                type_: address_type::HOSTNAME.into(),
+                address: name.into(),
+            });
+        }
         let instance_type = labels
             .get(&cfg.instance_type_label)
             .filter(|_| !cfg.instance_type_label.is_empty())
@@ -158,7 +160,7 @@ impl InstancesV2 for ContainerInstances {
 
     fn instance_shutdown(&self, ctx: &CallContext, node: &Node) -> Result<bool> {
         match self.find(ctx, node)? {
-            Some(c) => Ok(!c.state.running),
+            Some(c) => Ok(!c.is_up()),
             None => Err(self.not_found(node)),
         }
     }
@@ -202,7 +204,7 @@ impl BulkInstances for ContainerInstances {
                     None => InstanceStatus::default(),
                     Some(c) => InstanceStatus {
                         exists: true,
-                        shutdown: !c.state.running,
+                        shutdown: !c.is_up(),
                         metadata: query
                             .contains(InstanceQuery::METADATA)
                             .then(|| self.metadata(c)),

@@ -291,7 +291,7 @@ impl ContainerLoadBalancer {
             if logs.contains("Loading success") {
                 return Ok(());
             }
-            let running = engine.inspect(ctx, id)?.is_some_and(|c| c.state.running);
+            let running = engine.inspect(ctx, id)?.is_some_and(|c| c.is_up());
             if !running {
                 let last: Vec<&str> = logs
                     .lines()
@@ -335,7 +335,7 @@ impl ContainerLoadBalancer {
         let existing = self.ours(ctx, svc)?;
         if let Some(c) = &existing {
             let labels = c.labels();
-            let stale = !c.state.running
+            let stale = !c.is_up()
                 || c.config.image != self.shared.config.load_balancer.image
                 || labels
                     .get(PUBLISHED_LABEL)
@@ -426,7 +426,7 @@ impl LoadBalancer for ContainerLoadBalancer {
         service: &Service,
     ) -> Result<Option<LoadBalancerStatus>> {
         match self.ours(ctx, service)? {
-            Some(c) if c.state.running => self.status(service, &c).map(Some),
+            Some(c) if c.is_up() => self.status(service, &c).map(Some),
             // Exists but stopped: no address to publish; Ensure re-creates it.
             Some(_) => Ok(Some(LoadBalancerStatus::default())),
             None => Ok(None),
@@ -457,7 +457,7 @@ impl LoadBalancer for ContainerLoadBalancer {
                 self.name(service)
             ))
         })?;
-        if !c.state.running {
+        if !c.is_up() {
             return Err(ProviderError::other(format!(
                 "load balancer container {} is {} right after its start (see `podman logs {}`)",
                 c.short_name(),

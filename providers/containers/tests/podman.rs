@@ -1,6 +1,6 @@
 //! The `kind` (containers) provider against real podman, through the host's loader and
-//! controllers: nodes initialised from their containers, a stopped container tainted shut down
-//! and a removed one deleting its Node, and HTTP requests sent through the haproxy container
+//! controllers: nodes initialised from their containers, a stopped or paused container tainted
+//! shut down and a removed one deleting its Node, and HTTP requests sent through the haproxy container
 //! the provider made for a LoadBalancer Service, answered by the node containers (before and
 //! after a node leaves, with a steady request loop across the reload), a second Service with
 //! its own proxy, deletion removing the proxy, a UDP port refused with an event.
@@ -281,7 +281,7 @@ async fn a_udp_port_is_refused_with_an_event_and_nothing_is_made() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_container_is_shut_down_and_a_removed_one_deletes_its_node() {
     let pm = tokio::task::spawn_blocking(Podman::start).await.unwrap();
-    let nodes: Vec<String> = ["a", "b", "c"].iter().map(|s| pm.node(s)).collect();
+    let nodes: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| pm.node(s)).collect();
     let env = Env::start(&pm.cloud_config(false)).await;
     // Initialised nodes that are NotReady (the lifecycle controller looks only at those).
     for n in &nodes {
@@ -297,6 +297,7 @@ async fn a_stopped_container_is_shut_down_and_a_removed_one_deletes_its_node() {
     }
     podman_ok(&pm.conf, &["stop", "-t", "0", &nodes[0]]);
     podman_ok(&pm.conf, &["rm", "-f", "-t", "0", &nodes[1]]);
+    podman_ok(&pm.conf, &["pause", &nodes[3]]);
     let ctx = env.context(cfg());
     assert!(ctx.nodes.wait_synced().await);
     tokio::spawn(node_lifecycle::run(ctx.clone()));
@@ -305,6 +306,16 @@ async fn a_stopped_container_is_shut_down_and_a_removed_one_deletes_its_node() {
         WAIT,
         || {
             env.node(&nodes[0]).filter(|n| {
+                taint_keys(n).contains(&"node.cloudprovider.kubernetes.io/shutdown".to_string())
+            })
+        },
+    )
+    .await;
+    eventually(
+        "shutdown taint on the paused container's node",
+        WAIT,
+        || {
+            env.node(&nodes[3]).filter(|n| {
                 taint_keys(n).contains(&"node.cloudprovider.kubernetes.io/shutdown".to_string())
             })
         },
