@@ -3,8 +3,8 @@
 # (deploy/local-base-image.sh) and prints their references, one a line:
 #   localhost/ccm-haproxy:latest    the load-balancer proxy (haproxy from Debian)
 #   localhost/ccm-test-node:latest  a node stand-in for the tests (busybox httpd)
-# An image already present is kept (podman's build cache keys on the base image's ID, so a
-# rebuild after a base change redoes only these small layers). Progress goes to stderr.
+# Built every time: podman's layer cache makes an unchanged build take about a second, and a
+# changed Containerfile or base image is picked up. Progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -13,9 +13,6 @@ root=$(cd "$here/../.." && pwd)
 base=$(bash "$root/deploy/local-base-image.sh")
 for pair in haproxy:ccm-haproxy node:ccm-test-node; do
   file=${pair%%:*} ref=localhost/${pair#*:}:latest
-  if ! podman image exists "$ref"; then
-    echo "images.sh: building $ref from $base" >&2
-    podman build -q --build-arg "BASE_IMAGE=$base" -f "$here/images/$file.Containerfile" -t "$ref" "$here/images" >&2
-  fi
+  podman build -q --build-arg "BASE_IMAGE=$base" -f "$here/images/$file.Containerfile" -t "$ref" "$here/images" >/dev/null
   echo "$ref"
 done

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
@@ -60,21 +60,12 @@ pub fn podman_ok(conf: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// podman, its service on a private socket, the images, a private network.
-pub struct Podman {
-    pub conf: String,
-    pub socket: PathBuf,
-    pub proxy_image: String,
-    pub node_image: String,
-    pub network: String,
-    /// Unique per environment: prefix of container names and the cluster's name.
-    pub cluster: String,
-    service: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Podman {
-    pub fn start() -> Self {
+/// `deploy/podman-env.sh` and `scripts/images.sh`, once per test process (the tests of a binary
+/// run in parallel; the first image build must not run several times at once):
+/// `(CONTAINERS_CONF, proxy image, node image)`.
+fn setup() -> &'static (String, String, String) {
+    static SETUP: OnceLock<(String, String, String)> = OnceLock::new();
+    SETUP.get_or_init(|| {
         let root = root();
         let env = Command::new("bash")
             .arg("-c")
@@ -104,6 +95,26 @@ impl Podman {
             .map(str::to_string)
             .collect();
         assert_eq!(refs.len(), 2, "images.sh printed {refs:?}");
+        (conf, refs[0].clone(), refs[1].clone())
+    })
+}
+
+/// podman, its service on a private socket, the images, a private network.
+pub struct Podman {
+    pub conf: String,
+    pub socket: PathBuf,
+    pub proxy_image: String,
+    pub node_image: String,
+    pub network: String,
+    /// Unique per environment: prefix of container names and the cluster's name.
+    pub cluster: String,
+    service: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Podman {
+    pub fn start() -> Self {
+        let (conf, proxy_image, node_image) = setup().clone();
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("podman.sock");
         // The watchdog ends the service when this test process is gone, even if it is killed.
@@ -145,8 +156,8 @@ impl Podman {
         Podman {
             conf,
             socket,
-            proxy_image: refs[0].clone(),
-            node_image: refs[1].clone(),
+            proxy_image,
+            node_image,
             network,
             cluster,
             service,
