@@ -315,8 +315,10 @@ impl Engine {
         }
     }
 
-    /// The last `tail` lines of a container's stdout and stderr (`GET /containers/{id}/logs`).
-    pub fn logs(&self, ctx: &CallContext, id: &str, tail: usize) -> Result<String> {
+    /// The last `tail` lines (`None`: all) of a container's stdout and stderr
+    /// (`GET /containers/{id}/logs`).
+    pub fn logs(&self, ctx: &CallContext, id: &str, tail: Option<usize>) -> Result<String> {
+        let tail = tail.map_or_else(|| "all".to_string(), |n| n.to_string());
         let path = format!(
             "/containers/{}/logs?stdout=true&stderr=true&tail={tail}",
             encode(id)

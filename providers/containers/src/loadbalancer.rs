@@ -8,8 +8,11 @@
 //!   rendered from the hosts' InternalIPs; a missing container is created from the proxy image
 //!   (missing image: one error naming it), the file put in with the archive endpoint, and the
 //!   container started. A running one whose file differs gets the new file and `SIGUSR2`
-//!   (haproxy's seamless reload); one that is not running, or whose image or published ports
-//!   differ, is re-created.
+//!   (haproxy's seamless reload), and the call returns when haproxy's log reports the load's
+//!   result (`Loading success.`; `Loading failure!` is an error quoting its alerts; a signal
+//!   without an answer is sent once more). A file that matches is reloaded anyway unless this
+//!   provider saw haproxy load it, so a failed or lost reload is never mistaken for a done one.
+//!   One that is not running, or whose image or published ports differ, is re-created.
 //! - **Status**: the container's IPv4 address on the cluster network, `ipMode: Proxy` (the
 //!   proxy terminates connections: clients' addresses are not preserved), every port; with
 //!   `publishOnLoopback` a second entry `127.0.0.1` (each Service port published on the
@@ -22,9 +25,9 @@
 //! sysctl `net.ipv4.ip_unprivileged_port_start=0`); create-time properties (image, published
 //! ports) are reconciled by re-creating the container; UDP is refused instead of proxied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ccm_provider_abi::prelude::*;
@@ -44,12 +47,41 @@ pub const SERVICE_LABEL: &str = "io.ccm-host.containers.service";
 pub const PUBLISHED_LABEL: &str = "io.ccm-host.containers.published";
 /// How long a new proxy may take to report that it loaded its configuration.
 const START_WAIT: Duration = Duration::from_secs(10);
+/// The least time between two reloads of one proxy (see `reload`).
+const RELOAD_SPACING: Duration = Duration::from_millis(300);
+/// How long a reload signal may go unanswered before it is sent again.
+const RELOAD_RESEND: Duration = Duration::from_secs(1);
 /// The loopback address ports are published on.
 pub const LOOPBACK: &str = "127.0.0.1";
 
 /// The `containers` LoadBalancer.
 pub struct ContainerLoadBalancer {
     shared: Arc<Shared>,
+    /// Per proxy container ID: the configuration haproxy confirmed it loaded (`Loading
+    /// success.` after its start or a reload). A file that matches but is not confirmed (a
+    /// reload that failed or whose signal was lost, or a provider started anew) is reloaded.
+    loaded: Mutex<HashMap<String, String>>,
+    /// One change at a time per proxy container name.
+    locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Per proxy container ID: when haproxy last reported a load.
+    last_load: Mutex<HashMap<String, Instant>>,
+}
+
+/// Lines of a haproxy log that end a configuration load (start or reload).
+fn load_results(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains("Loading success.") || l.contains("Loading failure!"))
+        .collect()
+}
+
+/// The last `n` `[ALERT]` lines of a haproxy log, joined (one line).
+fn last_alerts(log: &str, n: usize) -> String {
+    let alerts: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("[ALERT]"))
+        .map(str::trim)
+        .collect();
+    alerts[alerts.len().saturating_sub(n)..].join(" | ")
 }
 
 fn service_key(svc: &Service) -> String {
@@ -98,7 +130,72 @@ fn valid_range(r: &str) -> bool {
 impl ContainerLoadBalancer {
     /// The load balancer of the shared runtime client.
     pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+        Self {
+            shared,
+            loaded: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+            last_load: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The lock of one proxy container name.
+    fn lock_for(&self, name: &str) -> Arc<Mutex<()>> {
+        self.locks
+            .lock()
+            .expect("proxy locks")
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// `SIGUSR2` to haproxy's master and wait for the load's result in its log; `Err` with
+    /// haproxy's alerts when it refused the file.
+    ///
+    /// haproxy's master logs `Loading success.` a moment before it handles signals again, and a
+    /// `SIGUSR2` in that moment is lost (measured: back-to-back reloads lost signals now and
+    /// then). So a reload starts at least [`RELOAD_SPACING`] after the previous one this
+    /// provider saw, and a signal without an answer is sent again every [`RELOAD_RESEND`].
+    fn reload(&self, ctx: &CallContext, id: &str, name: &str) -> Result<()> {
+        let engine = &self.shared.engine;
+        let last = self.last_load.lock().expect("last load").get(id).copied();
+        if let Some(wait) = last.and_then(|t| RELOAD_SPACING.checked_sub(t.elapsed())) {
+            std::thread::sleep(wait);
+        }
+        let before = load_results(&engine.logs(ctx, id, None)?).len();
+        engine.kill(ctx, id, "SIGUSR2")?;
+        let started = Instant::now();
+        let mut sent = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let log = engine.logs(ctx, id, None)?;
+            let results = load_results(&log);
+            if results.len() > before {
+                self.last_load
+                    .lock()
+                    .expect("last load")
+                    .insert(id.to_string(), Instant::now());
+                if results
+                    .last()
+                    .is_some_and(|l| l.contains("Loading success."))
+                {
+                    return Ok(());
+                }
+                return Err(ProviderError::other(format!(
+                    "load balancer container {name}: haproxy refused the new configuration and keeps the previous one: {}",
+                    last_alerts(&log, 3)
+                )));
+            }
+            if sent.elapsed() > RELOAD_RESEND {
+                log::warn!("containers load balancer: {name} did not report its reload within {RELOAD_RESEND:?}; sending SIGUSR2 again");
+                engine.kill(ctx, id, "SIGUSR2")?;
+                sent = Instant::now();
+            }
+            if started.elapsed() > START_WAIT {
+                return Err(ProviderError::other(format!(
+                    "load balancer container {name}: haproxy did not report a reload within {START_WAIT:?} of SIGUSR2"
+                )));
+            }
+        }
     }
 
     fn name(&self, svc: &Service) -> String {
@@ -272,6 +369,14 @@ impl ContainerLoadBalancer {
             let _ = engine.remove(&CallContext::background(), &id);
             return Err(e.context(format!("starting load balancer container {name}")));
         }
+        self.loaded
+            .lock()
+            .expect("loaded")
+            .insert(id.clone(), config.to_string());
+        self.last_load
+            .lock()
+            .expect("last load")
+            .insert(id.clone(), Instant::now());
         log::info!(
             "containers load balancer {}: created {name} ({} ports, {} hosts)",
             plan.service,
@@ -287,7 +392,7 @@ impl ContainerLoadBalancer {
         let engine = &self.shared.engine;
         let started = Instant::now();
         loop {
-            let logs = engine.logs(ctx, id, 20)?;
+            let logs = engine.logs(ctx, id, Some(20))?;
             if logs.contains("Loading success") {
                 return Ok(());
             }
@@ -330,6 +435,8 @@ impl ContainerLoadBalancer {
 
     /// Bring the Service's container to `plan`.
     fn apply(&self, ctx: &CallContext, svc: &Service, plan: &Plan) -> Result<()> {
+        let lock = self.lock_for(&self.name(svc));
+        let _one_at_a_time = lock.lock().unwrap_or_else(|e| e.into_inner());
         let engine = &self.shared.engine;
         let config = haproxy::render(plan);
         let existing = self.ours(ctx, svc)?;
@@ -351,12 +458,19 @@ impl ContainerLoadBalancer {
                     c.config.image
                 );
                 engine.remove(ctx, &c.id)?;
+                self.loaded.lock().expect("loaded").remove(&c.id);
             } else {
-                if self.current_config(ctx, c)?.as_deref() == Some(config.as_str()) {
+                let confirmed = self.loaded.lock().expect("loaded").get(&c.id) == Some(&config);
+                if confirmed && self.current_config(ctx, c)?.as_deref() == Some(config.as_str()) {
                     return Ok(());
                 }
+                self.loaded.lock().expect("loaded").remove(&c.id);
                 self.put_config(ctx, &c.id, &config)?;
-                engine.kill(ctx, &c.id, "SIGUSR2")?;
+                self.reload(ctx, &c.id, c.short_name())?;
+                self.loaded
+                    .lock()
+                    .expect("loaded")
+                    .insert(c.id.clone(), config.clone());
                 log::info!(
                     "containers load balancer {}: reloaded {} ({} hosts)",
                     plan.service,
@@ -489,6 +603,7 @@ impl LoadBalancer for ContainerLoadBalancer {
         match self.shared.engine.inspect(ctx, &name)? {
             Some(c) if self.is_ours(&c, service) => {
                 self.shared.engine.remove(ctx, &c.id)?;
+                self.loaded.lock().expect("loaded").remove(&c.id);
                 log::info!(
                     "containers load balancer {}: removed {name}",
                     service_key(service)
@@ -537,6 +652,18 @@ mod tests {
         assert_eq!(a, container_name("kind", &svc));
         assert_eq!(a.len(), "ccmlb-".len() + 12);
         assert_ne!(a, container_name("other", &svc));
+    }
+
+    #[test]
+    fn load_results_and_alerts_are_read_from_the_log() {
+        let log = "[NOTICE]   (1) : New worker (7) forked\n[NOTICE]   (1) : Loading success.\n[ALERT]    (7) : backend 'x' has no server available!\n[NOTICE]   (1) : Reloading HAProxy\n[ALERT]    (1) : config : parsing [/etc/ccm-lb/haproxy.cfg:21] : unknown keyword 'garbage'\n[ALERT]    (1) : config : Fatal errors found in configuration.\n[WARNING]  (1) : Loading failure!\n";
+        let r = load_results(log);
+        assert_eq!(r.len(), 2);
+        assert!(r[1].contains("failure"));
+        assert_eq!(
+            last_alerts(log, 2),
+            "[ALERT]    (1) : config : parsing [/etc/ccm-lb/haproxy.cfg:21] : unknown keyword 'garbage' | [ALERT]    (1) : config : Fatal errors found in configuration."
+        );
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!   threads, default 4, each sending sequential requests on new connections) plus connections
 //!   opened before each change and used after it; reports the requests sent and failed, the
 //!   time from each change until the answers reflect it, and the time of the provider's
-//!   `UpdateLoadBalancer` alone (file written into the container + `SIGUSR2`), called directly
-//!   on the plugin's rlib.
+//!   `UpdateLoadBalancer` alone (file written into the container, `SIGUSR2`, haproxy's
+//!   `Loading success.` read back from its log), called directly on the plugin's rlib, 0.5 s
+//!   apart.
 //!
 //!   cargo test -p ccm-provider-containers --test bench_podman -- --ignored --nocapture
 //!
@@ -166,15 +167,24 @@ async fn bench_containers_lb() {
                 .unwrap();
         }
         let m = moving.clone();
-        tokio::task::spawn_blocking(move || loop {
+        let reflected = tokio::task::spawn_blocking(move || loop {
             let (per, _) = tally(port, 12);
             if per.contains_key(&m) != removing {
-                return;
+                return true;
             }
-            assert!(started.elapsed() < WAIT, "change {change} not reflected");
+            if started.elapsed() > WAIT {
+                return false;
+            }
         })
         .await
         .unwrap();
+        assert!(
+            reflected,
+            "change {change} ({} {moving}) not reflected after {WAIT:?}; node: {:?}\n{}",
+            if removing { "delete" } else { "re-create" },
+            env.node(&moving),
+            pm.describe_proxies()
+        );
         converge.push(started.elapsed().as_secs_f64() * 1000.0);
         for s in early {
             held.0 += 1;
@@ -208,6 +218,8 @@ async fn bench_containers_lb() {
             .filter(|n| n.status.is_some())
             .cloned()
             .collect();
+        // Apart by more than the provider's reload spacing: the figure is the reload alone.
+        std::thread::sleep(Duration::from_millis(500));
         let started = Instant::now();
         lb.update_load_balancer(&ctx, "kubernetes", &svc, &hosts)
             .unwrap();

@@ -235,6 +235,32 @@ impl Podman {
         v
     }
 
+    /// What a proxy container says and holds (for failure messages): its last log lines and
+    /// its configuration's header (the hosts).
+    pub fn describe_proxies(&self) -> String {
+        let mut out = String::new();
+        for p in self.proxies() {
+            let logs = podman(&self.conf)
+                .args(["logs", "--tail", "15", &p])
+                .output()
+                .map(|o| {
+                    format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&o.stdout),
+                        String::from_utf8_lossy(&o.stderr)
+                    )
+                })
+                .unwrap_or_default();
+            let config = podman(&self.conf)
+                .args(["exec", &p, "grep", "^# host", "/etc/ccm-lb/haproxy.cfg"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            out.push_str(&format!("--- {p}: hosts\n{config}--- {p}: log\n{logs}"));
+        }
+        out
+    }
+
     /// The cloud config for this environment.
     pub fn cloud_config(&self, publish: bool) -> String {
         format!(
