@@ -59,7 +59,7 @@ impl KubeClients {
     /// When no client can be built from `config` (checked once here, so [`Self::client`] only
     /// fails for the same reasons).
     pub fn new(config: kube::Config, qps: f64, burst: u32) -> Result<Self, String> {
-        let mut base = config.clone();
+        let mut base = without_system_roots_for_http(config.clone());
         base.headers
             .retain(|(header, _)| header != http::header::USER_AGENT);
         let base = kube::client::ClientBuilder::try_from(base)
@@ -95,6 +95,20 @@ impl KubeClients {
     }
 }
 
+/// `config` with an empty trust store when its server is plain `http://` and it names no CA.
+///
+/// kube builds a TLS configuration for every client, whatever the URL's scheme, and without
+/// CA data in the configuration that means the system's roots: in an image without a CA bundle
+/// (e.g. `debian:*-slim`), or wherever the bundle is unreadable, building a client for a plain
+/// HTTP server (the sandbox's, `check`'s) failed with "No CA certificates were loaded from the
+/// system" although no TLS would ever be spoken. HTTPS configurations are left as they are.
+pub fn without_system_roots_for_http(mut config: kube::Config) -> kube::Config {
+    if config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTP) && config.root_cert.is_none() {
+        config.root_cert = Some(Vec::new());
+    }
+    config
+}
+
 /// Upstream's User-Agent shape for the client `name`:
 /// `cloud-controller-manager/v<version> (<os>/<arch>) ccm-host/<name>` (upstream has
 /// `kubernetes/<commit>` where this names the host).
@@ -116,6 +130,23 @@ pub fn user_agent(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_http_configurations_need_no_system_roots() {
+        let http = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        assert_eq!(
+            without_system_roots_for_http(http).root_cert,
+            Some(Vec::new())
+        );
+        let https = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        assert_eq!(without_system_roots_for_http(https).root_cert, None);
+        let mut with_ca = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        with_ca.root_cert = Some(vec![vec![1, 2, 3]]);
+        assert_eq!(
+            without_system_roots_for_http(with_ca).root_cert,
+            Some(vec![vec![1, 2, 3]])
+        );
+    }
 
     #[test]
     fn user_agent_has_upstreams_shape_and_names_the_client() {

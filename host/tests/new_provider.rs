@@ -98,7 +98,11 @@ fn a_scaffolded_provider_builds_on_its_own_and_passes_check() {
     for (name, with, summary) in cases {
         let dir = src.join(name);
         let dir_arg = dir.display().to_string();
-        let mut args = vec![name, "--path", &dir_arg, "--sdk-path", &sdk_arg];
+        // acme copies the SDK from --sdk-path, tiny gets the host's own copy.
+        let mut args = vec![name, "--path", &dir_arg];
+        if name == "acme" {
+            args.extend(["--sdk-path", &sdk_arg]);
+        }
         if let Some(with) = with {
             args.extend(["--with", with]);
         }
@@ -124,8 +128,16 @@ fn a_scaffolded_provider_builds_on_its_own_and_passes_check() {
         }
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
         assert!(
-            manifest.contains(&format!("ccm-provider-abi = {{ path = \"{sdk_arg}\" }}")),
+            manifest.contains("ccm-provider-abi = { path = \"sdk\", version = "),
             "{manifest}"
+        );
+        assert!(
+            !manifest.contains(&*work.display().to_string()),
+            "no absolute path in {manifest}"
+        );
+        assert!(
+            dir.join("sdk/src/lib.rs").is_file(),
+            "{name}: the SDK copied into sdk/"
         );
         let dockerfile = std::fs::read_to_string(dir.join("Dockerfile")).unwrap();
         assert!(
@@ -239,14 +251,20 @@ fn usage_errors_exit_2_with_one_line() {
         !dir.path().join("fresh").exists(),
         "nothing is written on a usage error"
     );
-    // The default SDK dependency is this host's ABI version from the registry.
+    // By default the crate carries this host's SDK in sdk/, by a relative path.
     let out = new_provider(&["acme", "--path", &fresh]);
     ok("new-provider", &out);
     let manifest = std::fs::read_to_string(dir.path().join("fresh/Cargo.toml")).unwrap();
     let abi = ccm_provider_abi::ABI_VERSION;
-    let minor = abi.rsplit_once('.').unwrap().0;
     assert!(
-        manifest.contains(&format!("ccm-provider-abi = \"{minor}\"")),
+        manifest.contains(&format!(
+            "ccm-provider-abi = {{ path = \"sdk\", version = \"{abi}\" }}"
+        )),
         "{manifest}"
+    );
+    let sdk_manifest = std::fs::read_to_string(dir.path().join("fresh/sdk/Cargo.toml")).unwrap();
+    assert!(
+        sdk_manifest.contains(&format!("version = \"{abi}\"")),
+        "{sdk_manifest}"
     );
 }

@@ -57,6 +57,12 @@
 //!   strategies and directives; unsupported ones are 422) and server-side apply.
 //! - Errors are `metav1.Status` with upstream reasons; 429 carries `Retry-After`.
 //!
+//! # HTTPS
+//! [`ApiServerOptions::tls`] with a [`ServingIdentity`] serves HTTPS with a CA made at start;
+//! [`ApiServer::kubeconfig`] then carries the CA, and [`ApiServer::write_in_cluster_files`]
+//! writes what a pod's in-cluster configuration reads. The `kube-apiserver-inmem` binary serves
+//! this server on its own (e.g. for a CCM in a container: deploy/image-test.sh).
+//!
 //! # Reviews for delegated authentication and authorization
 //! `POST /apis/authentication.k8s.io/v1/tokenreviews` and
 //! `POST /apis/authorization.k8s.io/v1/subjectaccessreviews` answer from a small policy set
@@ -100,6 +106,7 @@ mod reviews;
 mod select;
 mod store;
 mod table;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -110,8 +117,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use controls::{Controls, RequestRecord};
 pub use error::ApiError;
+pub use kubeconfig::TOKEN as KUBECONFIG_TOKEN;
 pub use resources::{ListStrategy, ResourceInfo, RESOURCES};
 pub use store::DEFAULT_HISTORY;
+pub use tls::ServingIdentity;
 
 /// Options for [`ApiServer::start_with`].
 #[derive(Debug, Clone)]
@@ -120,6 +129,8 @@ pub struct ApiServerOptions {
     pub addr: SocketAddr,
     /// Events kept for watch resumption (default [`DEFAULT_HISTORY`]).
     pub history_limit: usize,
+    /// Serve HTTPS with this identity instead of plain HTTP (default: plain HTTP).
+    pub tls: Option<ServingIdentity>,
 }
 
 impl Default for ApiServerOptions {
@@ -127,6 +138,7 @@ impl Default for ApiServerOptions {
         ApiServerOptions {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             history_limit: DEFAULT_HISTORY,
+            tls: None,
         }
     }
 }
@@ -136,6 +148,7 @@ impl Default for ApiServerOptions {
 pub struct ApiServer {
     shared: Arc<controls::Shared>,
     addr: SocketAddr,
+    tls: Option<ServingIdentity>,
     client: kube::Client,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -171,33 +184,48 @@ impl ApiServer {
             .fallback(http::handle)
             .with_state(shared.clone());
         let stop = shared.shutdown.clone();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                stop.cancelled().await;
-            });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "in-memory API server stopped with an error");
-            }
-        });
-        let url = format!("http://{addr}");
-        let kc = kubeconfig::kubeconfig_for(&url);
-        let config =
+        let task = match &opts.tls {
+            Some(identity) => tls::serve(listener, identity, app, stop)?,
+            None => tokio::spawn(async move {
+                let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                    stop.cancelled().await;
+                });
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "in-memory API server stopped with an error");
+                }
+            }),
+        };
+        let url = url_of(addr, opts.tls.is_some());
+        let kc = kubeconfig::kubeconfig_for(&url, opts.tls.as_ref().map(|t| t.ca_pem()));
+        let mut config =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
                 .context("building a client config from the generated kubeconfig")?;
+        if config.root_cert.is_none() {
+            // Plain HTTP: an empty trust store, so that building the client does not need the
+            // system's roots (kube loads them for any scheme; images without a CA bundle have
+            // none).
+            config.root_cert = Some(Vec::new());
+        }
         let client = kube::Client::try_from(config).context("building kube::Client")?;
         tracing::debug!(%url, "in-memory API server started");
         Ok(ApiServer {
             shared,
             addr,
+            tls: opts.tls,
             client,
             task: Some(task),
         })
     }
 
-    /// `http://127.0.0.1:<port>`
+    /// `http://127.0.0.1:<port>`, or `https://…` when serving TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        url_of(self.addr, self.tls.is_some())
+    }
+
+    /// The CA that signed the serving certificate (PEM), when serving TLS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(ServingIdentity::ca_pem)
     }
 
     /// The bound address.
@@ -210,9 +238,30 @@ impl ApiServer {
         self.client.clone()
     }
 
-    /// A kubeconfig (context `ccm-inmemory`, namespace `default`, no credentials).
+    /// A kubeconfig (context `ccm-inmemory`, namespace `default`, no credentials; the CA when
+    /// serving TLS).
     pub fn kubeconfig(&self) -> kube::config::Kubeconfig {
-        kubeconfig::kubeconfig_for(&self.url())
+        kubeconfig::kubeconfig_for(&self.url(), self.ca_pem())
+    }
+
+    /// Write a pod's service-account files into `dir` as the kubelet mounts them at
+    /// `/var/run/secrets/kubernetes.io/serviceaccount`: `ca.crt` (when serving TLS), `token`
+    /// (the given one: this server accepts any) and `namespace`. With
+    /// `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT` set to [`Self::addr`], a client's
+    /// in-cluster configuration then reaches this server.
+    pub fn write_in_cluster_files(&self, dir: impl AsRef<Path>, token: &str) -> anyhow::Result<()> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut files = vec![("token", token), ("namespace", "kube-system")];
+        if let Some(ca) = self.ca_pem() {
+            files.push(("ca.crt", ca));
+        }
+        for (name, content) in files {
+            let path = dir.join(name);
+            std::fs::write(&path, content)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
     }
 
     /// Write the kubeconfig as YAML, e.g. for `kubectl --kubeconfig`.
@@ -236,6 +285,10 @@ impl ApiServer {
             let _ = task.await;
         }
     }
+}
+
+fn url_of(addr: SocketAddr, tls: bool) -> String {
+    format!("{}://{addr}", if tls { "https" } else { "http" })
 }
 
 impl Drop for ApiServer {

@@ -1,9 +1,16 @@
 //! `ccm-host new-provider NAME --path DIR`: writes a provider plugin crate that stands on its
-//! own, anywhere: `Cargo.toml` (the SDK by path or by registry version), `src/lib.rs` with the
+//! own, anywhere: `Cargo.toml` (the SDK's sources written into `sdk/` beside it, or a registry
+//! version with `--sdk-version`), `src/lib.rs` with the
 //! chosen capabilities over an in-memory cloud described by its config, a sample
 //! `cloud-config.json`, tests that run without the host, a Dockerfile layering the `.so` onto
 //! the ccm-host image, and a CI script that runs `ccm-host check`. Out of the box it builds and
 //! passes `ccm-host check --cloud-config DIR/cloud-config.json`.
+//!
+//! The SDK is copied into the crate (`sdk/`, a relative path dependency) rather than named by an
+//! absolute path or a registry version: ccm-provider-abi is not on a registry yet, and a path of
+//! the machine that ran `new-provider` breaks the crate for anyone who clones it and the
+//! Dockerfile's build (its context holds only the crate). The sources are this host's own SDK
+//! (built into the binary), or those at `--sdk-path`.
 //!
 //! The files come from the templates in `templates/`: `{{var}}` placeholders, and lines between
 //! `@@if FLAG` (or `@@if !FLAG`) and `@@end` kept only when the flag is set (or not).
@@ -47,12 +54,12 @@ pub struct NewProviderArgs {
     /// Where to write the crate: a directory that does not exist yet, or is empty.
     #[arg(long, value_name = "DIR")]
     pub path: PathBuf,
-    /// Use the SDK (ccm-provider-abi) at this path: a checkout of ccm-host's provider-abi/, or a
-    /// copy of it.
+    /// Copy the SDK (ccm-provider-abi) from this path into the crate's sdk/ (a checkout of
+    /// ccm-host's provider-abi/, or a copy of it) [default: the SDK this host was built with].
     #[arg(long, value_name = "PATH", conflicts_with = "sdk_version")]
     pub sdk_path: Option<PathBuf>,
-    /// Use this version of ccm-provider-abi from the registry [default: the ABI version of this
-    /// host, e.g. 1.1].
+    /// Depend on this version of ccm-provider-abi from a registry instead of copying the SDK
+    /// into the crate (once the SDK is published there).
     #[arg(long, value_name = "VERSION")]
     pub sdk_version: Option<String>,
     /// Capabilities beyond InstancesV2, comma-separated: loadbalancer, routes, zones.
@@ -67,6 +74,54 @@ const DOCKERFILE: &str = include_str!("templates/Dockerfile.tmpl");
 const CHECK_SH: &str = include_str!("templates/check.sh.tmpl");
 const README: &str = include_str!("templates/README.md.tmpl");
 const GITIGNORE: &str = include_str!("templates/gitignore.tmpl");
+
+/// The SDK this host was built with: the files of the ccm-provider-abi package (its
+/// `Cargo.toml` `include`), written into a new crate's `sdk/`. A unit test keeps the list
+/// equal to provider-abi/src.
+const SDK_FILES: &[(&str, &str)] = &[
+    (
+        "Cargo.toml",
+        include_str!("../../../provider-abi/Cargo.toml"),
+    ),
+    ("README.md", include_str!("../../../provider-abi/README.md")),
+    (
+        "src/abi.rs",
+        include_str!("../../../provider-abi/src/abi.rs"),
+    ),
+    (
+        "src/context.rs",
+        include_str!("../../../provider-abi/src/context.rs"),
+    ),
+    (
+        "src/error.rs",
+        include_str!("../../../provider-abi/src/error.rs"),
+    ),
+    (
+        "src/ext.rs",
+        include_str!("../../../provider-abi/src/ext.rs"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../../provider-abi/src/lib.rs"),
+    ),
+    (
+        "src/sdk.rs",
+        include_str!("../../../provider-abi/src/sdk.rs"),
+    ),
+    (
+        "src/types.rs",
+        include_str!("../../../provider-abi/src/types.rs"),
+    ),
+];
+
+/// Where the new crate's SDK comes from.
+#[derive(Debug)]
+enum Sdk {
+    /// Files written into `sdk/` (relative path, content).
+    Copied(Vec<(String, String)>),
+    /// A registry version requirement.
+    Registry(String),
+}
 
 /// A provider name: a URL scheme made of lowercase letters, digits and '-', starting with a
 /// letter (it is also a crate name and a label value).
@@ -107,14 +162,12 @@ fn major_minor(v: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-/// The `ccm-provider-abi = ...` dependency, and the SDK path when it is one.
-fn sdk_dependency(args: &NewProviderArgs) -> Result<(String, Option<PathBuf>), String> {
+/// The SDK of the new crate: copied from `--sdk-path` or from this host, or a registry version.
+fn sdk_dependency(args: &NewProviderArgs) -> Result<Sdk, String> {
     let (host_major, host_minor) =
         major_minor(ccm_provider_abi::ABI_VERSION).expect("own version parses");
     if let Some(path) = &args.sdk_path {
-        let dir = std::fs::canonicalize(path)
-            .map_err(|e| format!("--sdk-path {}: {e}", path.display()))?;
-        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).map_err(|e| {
+        let manifest = std::fs::read_to_string(path.join("Cargo.toml")).map_err(|e| {
             format!(
                 "--sdk-path {}: no Cargo.toml there ({e}); point it at ccm-host's provider-abi/",
                 path.display()
@@ -155,15 +208,17 @@ fn sdk_dependency(args: &NewProviderArgs) -> Result<(String, Option<PathBuf>), S
             ))
             }
         }
-        let shown = dir.display().to_string();
-        return Ok((format!("{{ path = {} }}", toml_string(&shown)), Some(dir)));
+        return sdk_files_at(path).map(Sdk::Copied);
     }
-    let version = args
-        .sdk_version
-        .clone()
-        .unwrap_or_else(|| format!("{host_major}.{host_minor}"));
+    let Some(version) = args.sdk_version.clone() else {
+        let files = SDK_FILES
+            .iter()
+            .map(|(rel, content)| (rel.to_string(), content.to_string()))
+            .collect();
+        return Ok(Sdk::Copied(files));
+    };
     match major_minor(&version) {
-        Some((major, _)) if major == host_major => Ok((toml_string(&version), None)),
+        Some((major, _)) if major == host_major => Ok(Sdk::Registry(version)),
         Some(_) => Err(format!(
             "--sdk-version {version}: this host loads ccm-provider-abi {host_major}.x plugins"
         )),
@@ -171,6 +226,42 @@ fn sdk_dependency(args: &NewProviderArgs) -> Result<(String, Option<PathBuf>), S
             "--sdk-version {version:?}: not a version (e.g. {host_major}.{host_minor})"
         )),
     }
+}
+
+/// The package files of the SDK at `dir`: `Cargo.toml`, `README.md` if present, and every
+/// file below `src/`.
+fn sdk_files_at(dir: &Path) -> Result<Vec<(String, String)>, String> {
+    let read = |rel: &str| {
+        std::fs::read_to_string(dir.join(rel))
+            .map_err(|e| format!("--sdk-path {}: cannot read {rel}: {e}", dir.display()))
+    };
+    let mut files = vec![("Cargo.toml".to_string(), read("Cargo.toml")?)];
+    if dir.join("README.md").is_file() {
+        files.push(("README.md".to_string(), read("README.md")?));
+    }
+    let mut pending = vec![PathBuf::from("src")];
+    while let Some(rel_dir) = pending.pop() {
+        let entries = std::fs::read_dir(dir.join(&rel_dir)).map_err(|e| {
+            format!(
+                "--sdk-path {}: cannot read {}: {e}",
+                dir.display(),
+                rel_dir.display()
+            )
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("--sdk-path {}: {e}", dir.display()))?;
+            let rel = rel_dir.join(entry.file_name());
+            if entry.path().is_dir() {
+                pending.push(rel);
+            } else {
+                let rel = rel.display().to_string();
+                let content = read(&rel)?;
+                files.push((rel, content));
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 /// A TOML basic string.
@@ -262,12 +353,7 @@ fn sample_config(caps: &BTreeSet<Capability>) -> String {
 }
 
 /// The crate's files: path relative to the crate root, content, executable.
-pub fn files(
-    name: &str,
-    caps: &BTreeSet<Capability>,
-    sdk: &str,
-    sdk_path: Option<&Path>,
-) -> Vec<(&'static str, String, bool)> {
+fn files(name: &str, caps: &BTreeSet<Capability>, sdk: &Sdk) -> Vec<(String, String, bool)> {
     let crate_name = format!("ccm-provider-{name}");
     let lib = crate_name.replace('-', "_");
     let mut capabilities = vec!["InstancesV2"];
@@ -281,9 +367,16 @@ pub fn files(
     if caps.contains(&Capability::Zones) {
         capabilities.push("zones and regions");
     }
-    if sdk_path.is_some() {
-        flags.insert("sdk_path");
-    }
+    let dependency = match sdk {
+        Sdk::Copied(_) => {
+            flags.insert("sdk_copied");
+            format!(
+                "{{ path = \"sdk\", version = {} }}",
+                toml_string(ccm_provider_abi::ABI_VERSION)
+            )
+        }
+        Sdk::Registry(version) => toml_string(version),
+    };
     let with_flag = if caps.is_empty() {
         String::new()
     } else {
@@ -297,19 +390,14 @@ pub fn files(
         ("Name", format!("{}Cloud", camel_case(name))),
         ("crate", crate_name.clone()),
         ("lib", lib),
-        ("sdk", sdk.to_string()),
-        (
-            "sdk_path",
-            sdk_path
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-        ),
+        ("sdk", dependency),
+        ("sdk_version", ccm_provider_abi::ABI_VERSION.to_string()),
         ("host_version", env!("CARGO_PKG_VERSION").to_string()),
         ("capabilities", capabilities.join(", ")),
         ("with_flag", with_flag),
     ];
     let r = |t: &str| render(t, &vars, &flags);
-    vec![
+    let mut files: Vec<(String, String, bool)> = [
         ("Cargo.toml", r(CARGO_TOML), false),
         ("src/lib.rs", r(LIB), false),
         ("tests/provider.rs", r(TEST), false),
@@ -318,7 +406,20 @@ pub fn files(
         ("ci/check.sh", r(CHECK_SH), true),
         ("README.md", r(README), false),
         (".gitignore", r(GITIGNORE), false),
+        // The Dockerfile's build context is the crate: never send target/ with it.
+        (".dockerignore", "target/\n".to_string(), false),
     ]
+    .into_iter()
+    .map(|(rel, content, executable)| (rel.to_string(), content, executable))
+    .collect();
+    if let Sdk::Copied(sdk_files) = sdk {
+        files.extend(
+            sdk_files
+                .iter()
+                .map(|(rel, content)| (format!("sdk/{rel}"), content.clone(), false)),
+        );
+    }
+    files
 }
 
 fn usage(e: impl std::fmt::Display) -> anyhow::Result<i32> {
@@ -342,12 +443,12 @@ pub fn main(args: &NewProviderArgs) -> anyhow::Result<i32> {
     } else if dir.exists() {
         return usage(format!("--path {}: not a directory", dir.display()));
     }
-    let (sdk, sdk_path) = match sdk_dependency(args) {
+    let sdk = match sdk_dependency(args) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
     let caps: BTreeSet<Capability> = args.with.iter().copied().collect();
-    let files = files(&args.name, &caps, &sdk, sdk_path.as_deref());
+    let files = files(&args.name, &caps, &sdk);
     for (rel, content, executable) in &files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
@@ -368,8 +469,15 @@ pub fn main(args: &NewProviderArgs) -> anyhow::Result<i32> {
         args.name,
         dir.display()
     );
-    for (rel, _, _) in &files {
+    for (rel, _, _) in files.iter().filter(|(rel, _, _)| !rel.starts_with("sdk/")) {
         println!("  {rel}");
+    }
+    if let Sdk::Copied(sdk_files) = &sdk {
+        println!(
+            "  sdk/ (ccm-provider-abi {}, {} files)",
+            ccm_provider_abi::ABI_VERSION,
+            sdk_files.len()
+        );
     }
     println!(
         "next:\n  cd {dir} && cargo build && cargo test\n  mkdir -p /tmp/plugins && cp {dir}/target/debug/{lib} /tmp/plugins/\n  ccm-host check --plugin-dir /tmp/plugins --cloud-provider {name} --cloud-config {dir}/cloud-config.json",
@@ -424,7 +532,7 @@ mod tests {
             .into_iter()
             .collect(),
         ] {
-            for (rel, content, _) in files("acme", &caps, "\"1.1\"", None) {
+            for (rel, content, _) in files("acme", &caps, &Sdk::Registry("1.1".into())) {
                 assert!(!content.contains("{{"), "{rel}: {content}");
                 assert!(!content.contains("@@"), "{rel}: {content}");
             }
@@ -451,6 +559,46 @@ mod tests {
     }
 
     #[test]
+    fn the_embedded_sdk_is_every_file_of_provider_abi_src() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../provider-abi/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(src)
+            .unwrap()
+            .map(|e| format!("src/{}", e.unwrap().file_name().to_string_lossy()))
+            .collect();
+        on_disk.sort();
+        let embedded: Vec<String> = SDK_FILES
+            .iter()
+            .filter(|(rel, _)| rel.starts_with("src/"))
+            .map(|(rel, _)| rel.to_string())
+            .collect();
+        assert_eq!(
+            embedded, on_disk,
+            "SDK_FILES must list every file of provider-abi/src"
+        );
+    }
+
+    #[test]
+    fn the_crate_depends_on_its_copy_of_the_sdk_by_a_relative_path() {
+        let sdk = Sdk::Copied(vec![("Cargo.toml".into(), "[package]".into())]);
+        let copied = files("acme", &BTreeSet::new(), &sdk);
+        let manifest = &copied
+            .iter()
+            .find(|(rel, _, _)| rel == "Cargo.toml")
+            .unwrap()
+            .1;
+        assert!(
+            manifest.contains(&format!(
+                "ccm-provider-abi = {{ path = \"sdk\", version = \"{}\" }}",
+                ccm_provider_abi::ABI_VERSION
+            )),
+            "{manifest}"
+        );
+        assert!(copied.iter().any(|(rel, _, _)| rel == "sdk/Cargo.toml"));
+        let registry = files("acme", &BTreeSet::new(), &Sdk::Registry("1.1".into()));
+        assert!(registry.iter().all(|(rel, _, _)| !rel.starts_with("sdk/")));
+    }
+
+    #[test]
     fn the_sdk_dependency_by_version() {
         let args = |v: Option<&str>| NewProviderArgs {
             name: "acme".into(),
@@ -459,12 +607,14 @@ mod tests {
             sdk_version: v.map(str::to_string),
             with: Vec::new(),
         };
-        let (major, minor) = major_minor(ccm_provider_abi::ABI_VERSION).unwrap();
-        assert_eq!(
-            sdk_dependency(&args(None)).unwrap().0,
-            format!("\"{major}.{minor}\"")
-        );
-        assert_eq!(sdk_dependency(&args(Some("1.0"))).unwrap().0, "\"1.0\"");
+        let Sdk::Copied(own) = sdk_dependency(&args(None)).unwrap() else {
+            panic!("without --sdk-version the host's SDK is copied");
+        };
+        assert_eq!(own.len(), SDK_FILES.len());
+        let Sdk::Registry(version) = sdk_dependency(&args(Some("1.0"))).unwrap() else {
+            panic!("--sdk-version names a registry version");
+        };
+        assert_eq!(version, "1.0");
         assert!(sdk_dependency(&args(Some("2.0")))
             .unwrap_err()
             .contains("this host loads ccm-provider-abi 1.x"));
