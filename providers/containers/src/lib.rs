@@ -27,6 +27,11 @@ pub mod instances;
 pub mod loadbalancer;
 pub mod tar;
 
+#[cfg(test)]
+mod fake_engine;
+#[cfg(test)]
+mod fake_engine_tests;
+
 pub use cloud::ContainersCloud;
 
 use ccm_provider_abi::prelude::*;
