@@ -58,6 +58,22 @@ impl CloudProvider for ContainersCloud {
         crate::KIND.into()
     }
 
+    /// Removes this cluster's proxies of Services deleted while no host ran (best effort: a
+    /// failure is logged and only delays that clean-up).
+    fn initialize(&self, ctx: &CallContext, host: Host) -> Result<()> {
+        match self.load_balancer.collect_garbage(ctx, &host) {
+            Ok(removed) if !removed.is_empty() => log::info!(
+                "containers provider: removed {} proxies of deleted Services",
+                removed.len()
+            ),
+            Ok(_) => {}
+            Err(e) => log::warn!(
+                "containers provider: could not look for proxies of deleted Services: {e}"
+            ),
+        }
+        Ok(())
+    }
+
     fn instances_v2(&self) -> Option<Arc<dyn InstancesV2>> {
         Some(self.instances.clone())
     }

@@ -18,6 +18,7 @@
 //!   `publishOnLoopback` a second entry `127.0.0.1` (each Service port published on the
 //!   machine's loopback at the same port number).
 //! - **Delete**: the container is removed (a foreign one of that name is left alone).
+//! - **Garbage**: at `Initialize`, this cluster's proxies whose Service is gone (404) are removed.
 //!
 //! Differences from cloud-provider-kind: haproxy configured by a file and reloaded by signal
 //! instead of Envoy with file-based xDS; health checks on the NodePort (or
@@ -529,6 +530,49 @@ impl ContainerLoadBalancer {
         Ok(LoadBalancerStatus {
             ingress: Some(ingress),
         })
+    }
+}
+
+impl ContainerLoadBalancer {
+    /// Remove the proxies of this cluster whose Service no longer exists (deleted while no
+    /// host ran): containers with [`OWNER_LABEL`] = the cluster and a [`SERVICE_LABEL`] naming a
+    /// Service the API server answers 404 for. Any other answer keeps the container. Returns the
+    /// names removed.
+    pub fn collect_garbage(&self, ctx: &CallContext, host: &Host) -> Result<Vec<String>> {
+        let cluster = &self.shared.config.cluster;
+        let mut removed = Vec::new();
+        for c in self
+            .shared
+            .engine
+            .list_by_label(ctx, &format!("{OWNER_LABEL}={cluster}"))?
+        {
+            let c = Container::from(c);
+            let labels = c.labels();
+            if labels.get(OWNER_LABEL) != Some(cluster) {
+                continue;
+            }
+            let Some((ns, name)) = labels.get(SERVICE_LABEL).and_then(|k| k.split_once('/')) else {
+                continue;
+            };
+            let path = format!("/api/v1/namespaces/{ns}/services/{name}");
+            match host.kube_request(ctx, "GET", &path, "", &[]) {
+                Ok((404, _)) => {
+                    self.shared.engine.remove(ctx, &c.id)?;
+                    self.loaded.lock().expect("loaded").remove(&c.id);
+                    log::info!(
+                        "containers load balancer: removed {} (Service {ns}/{name} no longer exists)",
+                        c.short_name()
+                    );
+                    removed.push(c.short_name().to_string());
+                }
+                Ok(_) => {}
+                Err(e) => log::warn!(
+                    "containers load balancer: could not look up Service {ns}/{name} of {}: {e}; kept",
+                    c.short_name()
+                ),
+            }
+        }
+        Ok(removed)
     }
 }
 

@@ -366,3 +366,58 @@ async fn a_missing_runtime_never_deletes_a_node() {
         "{err}"
     );
 }
+
+/// At `Initialize`, the proxies of this cluster whose Service is gone are removed; a proxy of
+/// an existing Service and another cluster's are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_of_deleted_services_are_removed_at_start() {
+    let pm = tokio::task::spawn_blocking(Podman::start).await.unwrap();
+    let env = Env::start(&pm.cloud_config(false)).await;
+    let make = |suffix: &str, owner: &str, service: &str| {
+        let name = format!("{}-{suffix}", pm.cluster);
+        podman_ok(
+            &pm.conf,
+            &[
+                "run",
+                "-d",
+                "--name",
+                &name,
+                "--network",
+                &pm.network,
+                "--label",
+                &format!("{OWNER_LABEL}={owner}"),
+                "--label",
+                &format!("io.ccm-host.containers.service={service}"),
+                &pm.node_image,
+                "sleep",
+                "infinity",
+            ],
+        );
+        name
+    };
+    let orphan = make("orphan", &pm.cluster, "default/gone");
+    let kept = make("kept", &pm.cluster, "default/web");
+    let foreign = make("foreign", "another-cluster", "default/gone");
+    let services: Api<Service> = Api::namespaced(env.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &lb_service("web", free_port(), json!([])),
+        )
+        .await
+        .unwrap();
+    env.provider
+        .initialize(ccm_host::provider::HostServices::new(
+            "kubernetes",
+            Some(env.client.clone()),
+            Arc::new(AtomicBool::new(false)),
+        ))
+        .await
+        .unwrap();
+    assert!(pm.inspect(&orphan).is_none(), "the orphan is removed");
+    assert!(pm.inspect(&kept).is_some(), "the proxy of web is kept");
+    assert!(
+        pm.inspect(&foreign).is_some(),
+        "another cluster's proxy is kept"
+    );
+}
