@@ -1,7 +1,7 @@
 //! The cloud config (YAML or JSON; every key optional, unknown keys refused):
 //!
 //! ```yaml
-//! socket: /run/podman/podman.sock     # default: the first of /var/run/docker.sock, /run/podman/podman.sock that exists
+//! socket: /run/podman/podman.sock     # default: the first of /var/run/docker.sock, /run/podman/podman.sock that answers
 //! cluster: kind                       # the cluster's name: value of clusterLabel on its node containers
 //! clusterLabel: io.x-k8s.kind.cluster # kind's label
 //! network: kind                       # the cluster's container network (first InternalIP, proxies join it)
@@ -151,16 +151,17 @@ impl ContainersConfig {
         parse_duration(&self.load_balancer.health_check_interval)
     }
 
-    /// The socket to use: the configured one, else the first default that exists (else the
-    /// first default, whose absence the first call reports).
+    /// The socket to use: the configured one, else the first default that accepts a
+    /// connection, else the first that exists, else the first default (whose absence the first
+    /// call reports).
     pub fn socket_path(&self) -> PathBuf {
         if let Some(s) = &self.socket {
             return s.clone();
         }
-        DEFAULT_SOCKETS
-            .iter()
-            .map(Path::new)
-            .find(|p| p.exists())
+        let defaults = || DEFAULT_SOCKETS.iter().map(Path::new);
+        defaults()
+            .find(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+            .or_else(|| defaults().find(|p| p.exists()))
             .unwrap_or(Path::new(DEFAULT_SOCKETS[0]))
             .to_path_buf()
     }

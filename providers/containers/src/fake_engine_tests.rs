@@ -217,3 +217,30 @@ fn a_refused_reload_is_an_error_and_the_next_sync_reloads_again() {
         .unwrap();
     assert_eq!(status.ingress.unwrap()[0].ip.as_deref(), Some("10.89.0.9"));
 }
+
+#[test]
+fn only_the_exact_name_is_a_node() {
+    // The Engine API finds containers by a prefix of their ID too: that is not the node.
+    let engine = FakeEngine::start(|_| {
+        (
+            200,
+            json_body(json!({
+                "Id": "kind-worker0123", "Name": "/kind-control-plane",
+                "State": {"Status": "running", "Running": true},
+                "Config": {"Image": "kindest/node", "Labels": {"io.x-k8s.kind.cluster": "kind"}},
+                "NetworkSettings": {"Networks": {"kind": {"IPAddress": "10.89.0.2"}}},
+            })),
+        )
+    });
+    let c = cloud(&engine);
+    let ctx = CallContext::background();
+    let i = c.instances_v2().unwrap();
+    assert!(!i.instance_exists(&ctx, &nodes()[0]).unwrap());
+    let e = i.instance_metadata(&ctx, &nodes()[0]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::INSTANCE_NOT_FOUND);
+    let named: Node =
+        serde_json::from_value(json!({"metadata": {"name": "kind-control-plane"}})).unwrap();
+    let md = i.instance_metadata(&ctx, &named).unwrap().unwrap();
+    assert_eq!(md.provider_id, "kind://kind/kind/kind-control-plane");
+    assert_eq!(md.instance_type, "kindest-node");
+}

@@ -87,11 +87,12 @@ impl ContainerInstances {
         let Some(name) = self.container_name(node) else {
             return Ok(None);
         };
+        // The Engine API also finds a container by a prefix of its ID: only the exact name counts.
         Ok(self
             .shared
             .engine
             .inspect(ctx, name)?
-            .filter(|c| self.in_cluster(c)))
+            .filter(|c| c.short_name() == name && self.in_cluster(c)))
     }
 
     fn not_found(&self, node: &Node) -> ProviderError {
