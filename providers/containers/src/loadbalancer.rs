@@ -5,7 +5,8 @@
 //!   that name without both labels is someone else's: it is never changed or removed.
 //! - **Ensure**: every port must be TCP with a NodePort (UDP and SCTP are refused with one
 //!   error naming the ports, and nothing changes). The configuration ([`crate::haproxy`]) is
-//!   rendered from the hosts' InternalIPs; a missing container is created from the proxy image
+//!   rendered from the hosts' InternalIPs (a Node without one yet: its container's address on
+//!   the cluster's network); a missing container is created from the proxy image
 //!   (missing image: one error naming it), the file put in with the archive endpoint, and the
 //!   container started. A running one whose file differs gets the new file and `SIGUSR2`
 //!   (haproxy's seamless reload), and the call returns when haproxy's log reports the load's
@@ -223,7 +224,7 @@ impl ContainerLoadBalancer {
     }
 
     /// The plan for a Service and its hosts; refuses what the proxy cannot carry.
-    fn plan(&self, svc: &Service, nodes: &[Node]) -> Result<Plan> {
+    fn plan(&self, ctx: &CallContext, svc: &Service, nodes: &[Node]) -> Result<Plan> {
         let key = service_key(svc);
         let spec = svc.spec.clone().unwrap_or_default();
         let mut ports = Vec::new();
@@ -275,10 +276,15 @@ impl ContainerLoadBalancer {
         let mut backends = Vec::new();
         for n in nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
-            match host_address(n) {
+            // A Node not initialised yet has no address: its container's, on the cluster's network.
+            let address = match host_address(n) {
+                Some(a) => Some(a),
+                None => self.container_address(ctx, &name)?,
+            };
+            match address {
                 Some(address) => backends.push(Backend { name, address }),
                 None => log::warn!(
-                    "containers load balancer {key}: node {name} has no InternalIP; it gets no traffic"
+                    "containers load balancer {key}: node {name} has no InternalIP and no container address; it gets no traffic"
                 ),
             }
         }
@@ -296,6 +302,21 @@ impl ContainerLoadBalancer {
                 .health_check_interval()
                 .unwrap_or(Duration::from_secs(2)),
         })
+    }
+
+    /// The IPv4 address on the cluster's network of the cluster's container named `name`.
+    fn container_address(&self, ctx: &CallContext, name: &str) -> Result<Option<IpAddr>> {
+        let cfg = &self.shared.config;
+        let Some(c) = self.shared.engine.inspect(ctx, name)? else {
+            return Ok(None);
+        };
+        if c.short_name() != name || c.labels().get(&cfg.cluster_label) != Some(&cfg.cluster) {
+            return Ok(None);
+        }
+        Ok(c.network_settings
+            .networks
+            .get(&cfg.network)
+            .and_then(|ep| ep.ip_address.parse().ok()))
     }
 
     /// `80/TCP,443/TCP` when published, else "".
@@ -607,7 +628,7 @@ impl LoadBalancer for ContainerLoadBalancer {
         service: &Service,
         nodes: &[Node],
     ) -> Result<Option<LoadBalancerStatus>> {
-        let plan = self.plan(service, nodes)?;
+        let plan = self.plan(ctx, service, nodes)?;
         self.apply(ctx, service, &plan)?;
         let c = self.ours(ctx, service)?.ok_or_else(|| {
             ProviderError::other(format!(
@@ -633,7 +654,7 @@ impl LoadBalancer for ContainerLoadBalancer {
         service: &Service,
         nodes: &[Node],
     ) -> Result<()> {
-        let plan = self.plan(service, nodes)?;
+        let plan = self.plan(ctx, service, nodes)?;
         self.apply(ctx, service, &plan)
     }
 
