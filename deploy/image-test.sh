@@ -162,26 +162,29 @@ run_secure() { podman run --rm "${secure[@]}" "$@"; }
 prints_version() { run_secure "$image" --version | grep -q "ccm-host.* $version"; }
 check "--version" prints_version
 
-expected_providers() {
-  local d
-  for d in providers/*/; do
-    d=${d%/}
-    echo "${d#providers/}"
+# The plugin crates of providers/ (package names, e.g. ccm-provider-aws).
+expected_plugins() {
+  local manifest
+  for manifest in providers/*/Cargo.toml; do
+    sed -n 's/^name = "\(.*\)"$/\1/p' "$manifest" | head -n 1
   done
+}
+# Every plugin named in the arguments is in the `plugins -o json` document on stdin, with at
+# least one provider; prints "plugin: provider,..." per plugin.
+plugins_listed() {
+  python3 -c '
+import json, sys
+doc = json.load(sys.stdin)
+found = {p["pluginName"]: [q["name"] for q in p.get("providers", [])] for p in doc["plugins"]}
+missing = [name for name in sys.argv[1:] if not found.get(name)]
+for name in sys.argv[1:]:
+    print(name + ": " + ",".join(found.get(name) or ["MISSING"]))
+sys.exit(1 if missing else 0)' "$@"
 }
 lists_every_provider() {
-  local out missing=0 p
-  out=$(run_secure "$image" plugins -o json) || return 1
-  for p in $(expected_providers); do
-    if ! echo "$out" | grep -q "\"$p\""; then
-      echo "provider $p missing from: $out"
-      missing=1
-    fi
-  done
-  echo "providers: $(expected_providers | tr '\n' ' ')"
-  [ "$missing" = 0 ]
+  run_secure "$image" plugins -o json | plugins_listed $(expected_plugins)
 }
-check "plugins lists every provider of providers/ ($(expected_providers | tr '\n' ' '))" lists_every_provider
+check "plugins lists every plugin of providers/ ($(expected_plugins | sed 's/ccm-provider-//' | tr '\n' ' '))" lists_every_provider
 
 # No system roots at all: the sandbox's own API server is plain HTTP.
 check "sandbox converges (no system CA roots needed)" \
@@ -298,11 +301,7 @@ vendor_build() {
 check "vendor crate (copied out of the repository) builds its Dockerfile FROM the host image" vendor_build
 info "vendor image built in $((SECONDS - t)) s"
 vendor_listed() {
-  local out p
-  out=$(run_secure "$vendor_image" plugins -o json) || return 1
-  for p in acme $(expected_providers); do
-    echo "$out" | grep -q "\"$p\"" || { echo "provider $p missing: $out"; return 1; }
-  done
+  run_secure "$vendor_image" plugins -o json | plugins_listed ccm-provider-acme $(expected_plugins)
 }
 check "vendor image: plugins lists acme beside the image's own" vendor_listed
 check "vendor image: check passes on acme" \
