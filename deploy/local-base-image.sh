@@ -11,7 +11,8 @@
 #       has active), the stand-in for rust:<version>-trixie (the build stage's RUST_IMAGE): same
 #       Debian release, so the binaries link trixie's glibc as the official build image's do.
 #
-# Both are cached under target/image-cache/ as `podman save` archives keyed by their inputs, and
+# Both are cached under target/image-cache/ as `podman save` archives (the base by suite, the
+# builder by rustc version; delete the archive to refresh one), and
 # loaded from there when podman lacks them: podman's build cache is keyed by the base images' IDs,
 # and a saved archive keeps the ID, so a later `podman build` reuses its layers.
 # Where the official images can be pulled, pass them to the Dockerfile instead (README "Image").
@@ -48,7 +49,13 @@ base() {
   rm -rf "$rootfs"
   say "debootstrap --variant=minbase $suite from $mirror (about 2 minutes)"
   local started=$SECONDS
-  if ! debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1; then
+  # The release's signatures are checked against Debian's archive keyring, never skipped.
+  local keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  if [ ! -f "$keyring" ]; then
+    echo "error: $keyring not found: install it with 'apt-get install -y debian-archive-keyring'" >&2
+    exit 1
+  fi
+  if ! debootstrap --keyring="$keyring" --variant=minbase "$suite" "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1; then
     echo "error: debootstrap of Debian $suite failed; its log: $cache/debootstrap.log" >&2
     tail -5 "$cache/debootstrap.log" >&2
     exit 1

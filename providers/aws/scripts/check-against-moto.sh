@@ -125,8 +125,10 @@ URL = $url
 SigningRegion = us-east-1
 EOF
 
-mkdir -m 0700 "$work/plugins"
-cp "$target/debug/libccm_provider_aws.so" "$work/plugins/"
+if [ -z "$image" ]; then
+  mkdir -m 0700 "$work/plugins"
+  cp "$target/debug/libccm_provider_aws.so" "$work/plugins/"
+fi
 args=()
 while read -r kind name; do
   case "$kind" in
