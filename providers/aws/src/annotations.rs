@@ -97,11 +97,11 @@ const NO_EFFECT: &[(&str, &str)] = &[
 const REFUSED: &[(&str, &str)] = &[
     (
         "security-groups",
-        "this provider manages no security groups",
+        "this provider puts no security group on a load balancer: classic ELBs and the managed NLB security group are not implemented",
     ),
     (
         "extra-security-groups",
-        "this provider manages no security groups",
+        "this provider puts no security group on a load balancer: classic ELBs are not implemented",
     ),
 ];
 
