@@ -438,8 +438,10 @@ impl Provider {
                 }
             }
         }
-        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let ctx = CallContext::new(Some(timeout));
+        // What is left of the deadline after a join (all of it otherwise); messages name the
+        // whole deadline.
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let ctx = CallContext::new(Some(remaining));
         let mut guard = CancelOnDrop(Some(ctx.clone()));
         let plugin_ctx = ctx.clone();
         let plugin = self.inner.plugin_path.clone();
@@ -455,7 +457,7 @@ impl Provider {
                 return Err(self.count_error(op, ProviderError::other(refused)));
             }
         };
-        let outcome = tokio::time::timeout(timeout, &mut task).await;
+        let outcome = tokio::time::timeout_at(deadline, &mut task).await;
         // Dropping the pool's handle abandons the call if it is still running.
         drop(task);
         let result = match outcome {
