@@ -763,6 +763,47 @@ mod tests {
     }
 
     #[test]
+    fn run_help_shows_upstreams_flags_apart_from_the_additions() {
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("run")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        let at = |text: &str| {
+            help.find(text)
+                .unwrap_or_else(|| panic!("{text:?} not in run --help:\n{help}"))
+        };
+        let upstream = at("\nUpstream cloud-controller-manager flags:\n");
+        let additions = at("\nccm-host additions (beyond upstream):\n");
+        let compat = at("\nUpstream flags accepted for compatibility");
+        let plugins = at("\nPlugins (ccm-host):\n");
+        // Upstream's own flags under their heading, the additions under theirs.
+        assert!(
+            upstream < at("--cloud-provider <CLOUD_PROVIDER>") && at("--cluster-cidr") < additions
+        );
+        for added in [
+            "--provider-call-timeout",
+            "--load-balancer-class",
+            "--cloud-api-qps",
+        ] {
+            let i = at(&format!("      {added} "));
+            assert!(additions < i && i < compat, "{added} under the additions");
+        }
+        assert!(plugins < at("--plugin-dir <PLUGIN_DIRS>") && at("--plugin-dir") < upstream);
+        assert!(
+            help.contains("[default: /usr/lib/ccm-host/plugins]"),
+            "{help}"
+        );
+        assert!(
+            !help.contains("[default: \"\"]\n\n      --cloud-config"),
+            "{help}"
+        );
+        let cloud_provider = &help[at("--cloud-provider <CLOUD_PROVIDER>")..at("--cloud-config <")];
+        assert!(!cloud_provider.contains("[default"), "{cloud_provider}");
+    }
+
+    #[test]
     fn a_v_without_a_number_gets_the_migration_hint() {
         let args = |a: &[&str]| -> Vec<OsString> {
             std::iter::once("ccm-host")
