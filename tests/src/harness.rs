@@ -119,9 +119,10 @@ impl Harness {
         control::clear_calls(self.state_dir()).expect("clear calls");
     }
 
-    /// The fake cloud's load balancers and routes.
+    /// The fake cloud's load balancers and routes, once every change of the calls that returned
+    /// is written (a burst the fake left to its writer thread is waited for, 5 s at most).
     pub fn cloud(&self) -> FakeState {
-        FakeState::read(self.state_dir()).unwrap_or_default()
+        FakeState::read_settled(self.state_dir(), Duration::from_secs(5)).unwrap_or_default()
     }
 
     /// Replace the fake provider's programmable settings while the controllers run.

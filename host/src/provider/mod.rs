@@ -417,7 +417,17 @@ impl Provider {
                 metrics.coalesced.get_or_create(&method).inc();
                 let outcome = tokio::time::timeout_at(deadline, &mut joined).await;
                 drop(joined);
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let answered = match outcome {
+                    // It ran into its own deadline with most of this caller's spent waiting
+                    // for it: the same question went unanswered for as long, and the plugin's
+                    // message says where (e.g. the cloud's action and endpoint). Asking again
+                    // in what is left would only end in the host's bare "did not return".
+                    Ok(Ok(Err(e)))
+                        if e.kind() == ErrorKind::DEADLINE_EXCEEDED && left < timeout / 2 =>
+                    {
+                        Some(Err(e))
+                    }
                     // It ended by its own cancellation (its caller's deadline or departure):
                     // not an answer to this caller, which asks for itself below.
                     Ok(Ok(Err(e)))
@@ -457,7 +467,11 @@ impl Provider {
                 return Err(self.count_error(op, ProviderError::other(refused)));
             }
         };
-        let outcome = tokio::time::timeout_at(deadline, &mut task).await;
+        // The plugin's context ends at the deadline; the host gives it a moment more, so a
+        // plugin that honours its context answers with its own deadline error (which says
+        // what it was waiting for) rather than the host's bare "did not return".
+        let grace = (timeout / 20).min(std::time::Duration::from_millis(250));
+        let outcome = tokio::time::timeout_at(deadline + grace, &mut task).await;
         // Dropping the pool's handle abandons the call if it is still running.
         drop(task);
         let result = match outcome {

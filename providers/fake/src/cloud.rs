@@ -578,9 +578,11 @@ impl StateWriter {
             }
             flags.dirty = false;
             if round >= CALLER_ROUNDS {
-                // Still changing: the thread takes over, the call returns.
+                // Still changing: the thread takes over, the call returns. The marker says so
+                // (under the flags' lock, so it never races the thread's removal).
                 flags.dirty = true;
                 flags.handed_off = true;
+                self.file.mark_pending(true);
                 drop(flags);
                 self.cv.notify_one();
                 return;
@@ -629,6 +631,7 @@ impl StateWriter {
                         if !flags.dirty {
                             flags.handed_off = false;
                             flags.writing = false;
+                            writer.file.mark_pending(false);
                             break;
                         }
                     }
@@ -650,6 +653,7 @@ impl Drop for Inner {
                 let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
                 w.file
                     .write_generation(w.generation.load(Ordering::SeqCst), &state.snapshot());
+                w.file.mark_pending(false);
             }
         }
     }

@@ -29,6 +29,10 @@ pub const CONTROL_FILE: &str = "control.yaml";
 pub const CALLS_FILE: &str = "calls.jsonl";
 /// Name of the cloud state file in `stateDir`.
 pub const STATE_FILE: &str = "cloud.json";
+/// Present while a burst of changes is left to the writer thread, so `cloud.json` may be behind
+/// the cloud by up to the writer's interval; removed once the burst is written
+/// ([`FakeState::read_settled`] waits for that).
+pub const STATE_PENDING_FILE: &str = "cloud.json.pending";
 
 /// How many call records are also kept in memory (see `FakeCloud::calls`).
 const MEMORY_LOG_CAP: usize = 50_000;
@@ -206,6 +210,16 @@ pub struct FakeState {
 }
 
 impl FakeState {
+    /// [`Self::read`] once no burst of changes is left to the writer thread (waiting at most
+    /// `timeout`): what tests read after the calls they made have returned.
+    pub fn read_settled(dir: &Path, timeout: std::time::Duration) -> io::Result<Self> {
+        let deadline = std::time::Instant::now() + timeout;
+        while dir.join(STATE_PENDING_FILE).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Self::read(dir)
+    }
+
     /// Read `dir/cloud.json`; a missing file is an empty cloud.
     pub fn read(dir: &Path) -> io::Result<Self> {
         match fs::read(dir.join(STATE_FILE)) {
@@ -469,6 +483,7 @@ impl ControlWatcher {
 /// Writes `stateDir/cloud.json`.
 pub(crate) struct StateFile {
     path: PathBuf,
+    pending: PathBuf,
     /// The generation of the state last written: a write of an older snapshot (racing a newer
     /// one) is dropped, so the file never goes back in time.
     written: std::sync::Mutex<u64>,
@@ -480,6 +495,7 @@ impl StateFile {
     pub(crate) fn new(dir: &Path) -> Self {
         Self {
             path: dir.join(STATE_FILE),
+            pending: dir.join(STATE_PENDING_FILE),
             written: std::sync::Mutex::new(0),
             writes: std::sync::atomic::AtomicU64::new(0),
         }
@@ -516,6 +532,21 @@ impl StateFile {
         }
         *written = generation;
         self.write(state);
+    }
+
+    /// Mark `cloud.json` as behind the cloud (a burst left to the writer thread) or not.
+    pub(crate) fn mark_pending(&self, pending: bool) {
+        let result = if pending {
+            fs::write(&self.pending, b"")
+        } else {
+            match fs::remove_file(&self.pending) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            }
+        };
+        if let Err(e) = result {
+            ccm_provider_abi::log::warn!("fake cloud: cannot mark {}: {e}", self.pending.display());
+        }
     }
 
     /// How many times the file was written.
