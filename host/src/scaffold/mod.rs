@@ -480,7 +480,7 @@ pub fn main(args: &NewProviderArgs) -> anyhow::Result<i32> {
         );
     }
     println!(
-        "next:\n  cd {dir} && cargo build && cargo test\n  mkdir -p /tmp/plugins && cp {dir}/target/debug/{lib} /tmp/plugins/\n  ccm-host check --plugin-dir /tmp/plugins --cloud-provider {name} --cloud-config {dir}/cloud-config.json",
+        "next:\n  cd {dir} && cargo build && cargo test\n  mkdir -p -m 0755 /tmp/plugins && cp {dir}/target/debug/{lib} /tmp/plugins/\n  ccm-host check --plugin-dir /tmp/plugins --cloud-provider {name} --cloud-config {dir}/cloud-config.json",
         dir = dir.display(),
         name = args.name,
     );
