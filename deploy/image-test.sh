@@ -136,8 +136,8 @@ else
     --build-arg CARGO_NET_OFFLINE=true \
     -v "$registry:/usr/local/cargo/registry" -v "$root/target/image-build:/src/target" \
     . >"$work/step.log" 2>&1 || abort "podman build -f deploy/Dockerfile"
+  info "built $image ($(cut -c1-19 "$work/image.id")) in $((SECONDS - t)) s (multi-stage: cargo build --locked --release in the build stage)"
   image=$(cat "$work/image.id")
-  info "built $image in $((SECONDS - t)) s (multi-stage: cargo build --locked --release in the build stage)"
 fi
 
 # ---------------------------------------------------------------------------------------------
