@@ -348,6 +348,14 @@ async fn a_throttled_ensure_load_balancer_pauses_every_caller_and_the_service_ge
         queues.contains("workqueue_retries_total{name=\"service\"} 0\n"),
         "{queues}"
     );
+    // The recorder writes events after the status it reports: wait for the last one.
+    eventually("the EnsuredLoadBalancer event", WAIT, || {
+        events_of(&h, "web")
+            .iter()
+            .any(|e| e["reason"] == "EnsuredLoadBalancer")
+            .then_some(())
+    })
+    .await;
     let events = throttled_events(&h, "web");
     assert_eq!(events.len(), 1, "{events:#?}");
     let e = &events[0];
