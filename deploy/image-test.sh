@@ -68,7 +68,8 @@ check() {
 }
 info() { echo "     $*"; }
 finish() {
-  echo "image-test: $passed passed, $failed failed ($((SECONDS - started)) s)"
+  info "took $((SECONDS - started)) s"
+  echo "image-test: $passed passed, $failed failed"
   [ "$failed" = 0 ]
   exit $?
 }
