@@ -296,31 +296,49 @@ impl AwsClient {
         self.call(&endpoint, action, params).await
     }
 
+    /// Every page of the EC2 Describe `action` with `filters` (`MaxResults` 1000 when
+    /// `max_results`): `items` appends what each page's root element holds.
+    async fn ec2_describe_all<T>(
+        &self,
+        action: &'static str,
+        filters: &[(&str, &[String])],
+        max_results: bool,
+        mut items: impl FnMut(Node<'_, '_>, &mut Vec<T>),
+    ) -> Result<Vec<T>, AwsError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut p = Params::new();
+            p.ec2_filters(filters);
+            if max_results {
+                p.set("MaxResults", "1000");
+            }
+            if let Some(t) = &token {
+                p.set("NextToken", t.as_str());
+            }
+            let body = self.ec2_call(action, &p).await?;
+            let doc = parse(EC2, action, &body)?;
+            let root = doc.root_element();
+            items(root, &mut out);
+            token = string(root, "nextToken");
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
     /// DescribeInstances with filters, every page. Instances whose ID, private DNS name, ...
     /// match none of the values are simply absent (no error, unlike `InstanceId.N`).
     pub async fn describe_instances(
         &self,
         filters: &[(&str, &[String])],
     ) -> Result<Vec<Instance>, AwsError> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut p = Params::new();
-            p.ec2_filters(filters).set("MaxResults", "1000");
-            if let Some(t) = &token {
-                p.set("NextToken", t.as_str());
-            }
-            let body = self.ec2_call("DescribeInstances", &p).await?;
-            let doc = parse(EC2, "DescribeInstances", &body)?;
-            let root = doc.root_element();
+        self.ec2_describe_all("DescribeInstances", filters, true, |root, out| {
             for r in list(root, "reservationSet") {
                 out.extend(list(r, "instancesSet").map(parse_instance));
             }
-            token = string(root, "nextToken");
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+        })
+        .await
     }
 
     /// DescribeAvailabilityZones (every zone of the region).
@@ -345,17 +363,7 @@ impl AwsClient {
         &self,
         filters: &[(&str, &[String])],
     ) -> Result<Vec<Subnet>, AwsError> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut p = Params::new();
-            p.ec2_filters(filters);
-            if let Some(t) = &token {
-                p.set("NextToken", t.as_str());
-            }
-            let body = self.ec2_call("DescribeSubnets", &p).await?;
-            let doc = parse(EC2, "DescribeSubnets", &body)?;
-            let root = doc.root_element();
+        self.ec2_describe_all("DescribeSubnets", filters, false, |root, out| {
             out.extend(list(root, "subnetSet").filter_map(|s| {
                 Some(Subnet {
                     id: string(s, "subnetId")?,
@@ -365,11 +373,8 @@ impl AwsClient {
                     tags: tags(s, "tagSet"),
                 })
             }));
-            token = string(root, "nextToken");
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+        })
+        .await
     }
 
     /// DescribeRouteTables with filters.
@@ -377,23 +382,10 @@ impl AwsClient {
         &self,
         filters: &[(&str, &[String])],
     ) -> Result<Vec<RouteTable>, AwsError> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut p = Params::new();
-            p.ec2_filters(filters);
-            if let Some(t) = &token {
-                p.set("NextToken", t.as_str());
-            }
-            let body = self.ec2_call("DescribeRouteTables", &p).await?;
-            let doc = parse(EC2, "DescribeRouteTables", &body)?;
-            let root = doc.root_element();
+        self.ec2_describe_all("DescribeRouteTables", filters, false, |root, out| {
             out.extend(list(root, "routeTableSet").map(parse_route_table));
-            token = string(root, "nextToken");
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+        })
+        .await
     }
 
     /// CreateRoute `destination` → `instance_id` in `table`.
@@ -442,23 +434,10 @@ impl AwsClient {
         &self,
         filters: &[(&str, &[String])],
     ) -> Result<Vec<SecurityGroup>, AwsError> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut p = Params::new();
-            p.ec2_filters(filters);
-            if let Some(t) = &token {
-                p.set("NextToken", t.as_str());
-            }
-            let body = self.ec2_call("DescribeSecurityGroups", &p).await?;
-            let doc = parse(EC2, "DescribeSecurityGroups", &body)?;
-            let root = doc.root_element();
+        self.ec2_describe_all("DescribeSecurityGroups", filters, false, |root, out| {
             out.extend(list(root, "securityGroupInfo").map(parse_security_group));
-            token = string(root, "nextToken");
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+        })
+        .await
     }
 
     /// AuthorizeSecurityGroupIngress of `rules` (one permission per rule).
