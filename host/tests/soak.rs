@@ -1440,6 +1440,7 @@ fn call_log_check_flags_interleaved_leaders() {
                 args: Value::Null,
                 at_ms: 0,
                 pid: *pid,
+                delayed: 0,
             })
             .collect()
     };

@@ -1096,3 +1096,74 @@ async fn instance_not_found_counts_as_gone_only_when_asked() {
         }
     }
 }
+
+/// A pass over many NotReady nodes on the per-node path checks them concurrently, never more at
+/// once than the node-status workers (`--concurrent-node-status-updates`), and with one worker
+/// one by one, as upstream. The concurrency is read at the fake: each call records how many
+/// other calls were in their 100 ms latency wait when it arrived (`delayed`), so the most calls
+/// in the plugin at once is at least the largest `delayed` + 1, and at most the host's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_checks_not_ready_nodes_concurrently_within_the_bound() {
+    const NODES: usize = 40;
+    for (workers, expect_concurrent) in [(8, true), (1, false)] {
+        let h = Harness::start(
+            "fake",
+            fake(json!({"providerName": "fake",
+                        "latency": {"InstanceExists": "100ms", "InstanceShutdown": "100ms"}})),
+        )
+        .await;
+        let ctx = h.context(ControllerConfig {
+            node_monitor_period: Duration::ZERO,
+            concurrent_node_status_updates: workers,
+            ..Default::default()
+        });
+        for i in 0..NODES {
+            h.server
+                .controls()
+                .seed(json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": format!("node-{i:02}")},
+                    "spec": {"providerID": format!("fake://node-{i:02}")},
+                    "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+                }))
+                .unwrap();
+        }
+        assert!(ctx.nodes.wait_synced().await);
+        eventually("nodes cached", WAIT, || {
+            (ctx.nodes.list().len() == NODES).then_some(())
+        })
+        .await;
+        let recorder = ctx.recorder(node_lifecycle::COMPONENT);
+        NodeMonitor::default().pass(&ctx, &recorder).await;
+
+        let calls = h.calls();
+        for call in ["instance-exists", "instance-shutdown"] {
+            assert_eq!(
+                calls.iter().filter(|c| c.call == call).count(),
+                NODES,
+                "{workers} workers: one {call} per NotReady node"
+            );
+        }
+        let most_at_once = calls
+            .iter()
+            .filter(|c| c.call.starts_with("instance-"))
+            .map(|c| c.delayed + 1)
+            .max()
+            .unwrap();
+        assert!(
+            most_at_once <= workers as u64,
+            "{workers} workers: {most_at_once} calls in the plugin at once"
+        );
+        if expect_concurrent {
+            assert!(
+                most_at_once > 1,
+                "{workers} workers: the checks ran one at a time"
+            );
+        }
+        assert_eq!(
+            h.server.controls().list("nodes").len(),
+            NODES,
+            "no node deleted"
+        );
+    }
+}

@@ -87,6 +87,19 @@ impl Default for ControllerConfig {
     }
 }
 
+impl ControllerConfig {
+    /// Nodes worked on at once by the periodic per-node loops (the address loop and the
+    /// lifecycle checks of NotReady nodes): `concurrent_node_status_updates`, 0 meaning
+    /// `concurrent_node_syncs`; at least 1.
+    pub fn node_status_workers(&self) -> usize {
+        match self.concurrent_node_status_updates {
+            0 => self.concurrent_node_syncs,
+            n => n,
+        }
+        .max(1)
+    }
+}
+
 /// Everything a controller needs. Cheap to clone.
 #[derive(Clone)]
 pub struct ControllerContext {

@@ -900,11 +900,7 @@ impl NodeController {
         let started = Instant::now();
         let nodes = self.ctx.nodes.list();
         let cfg = &self.ctx.config;
-        let workers = match cfg.concurrent_node_status_updates {
-            0 => cfg.concurrent_node_syncs,
-            n => n,
-        }
-        .max(1);
+        let workers = cfg.node_status_workers();
         let count = nodes.len();
         if self.ctx.provider.bulk_instances() {
             let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| !has_cloud_taint(n)).collect();

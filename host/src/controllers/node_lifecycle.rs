@@ -28,10 +28,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ccm_provider_abi::{ErrorKind, ProviderError};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::DeleteParams;
 use kube::Api;
@@ -219,11 +220,11 @@ fn spec_provider_id(node: &Node) -> &str {
 
 /// The key of a node's confirmation count: its UID (a node deleted and created again under the
 /// same name starts from zero), or its name when it has none.
-fn node_key(node: &Node) -> String {
+fn node_key(node: &Node) -> &str {
     node.metadata
         .uid
-        .clone()
-        .or_else(|| node.metadata.name.clone())
+        .as_deref()
+        .or(node.metadata.name.as_deref())
         .unwrap_or_default()
 }
 
@@ -332,7 +333,11 @@ async fn bulk_answers(
             lifecycle_cache_use(&ctx.config),
         )
         .await;
-    not_ready.iter().map(|n| node_key(n)).zip(answers).collect()
+    not_ready
+        .iter()
+        .map(|n| node_key(n).to_string())
+        .zip(answers)
+        .collect()
 }
 
 /// How the lifecycle loop uses the instance cache: answers younger than
@@ -468,12 +473,24 @@ impl NodeMonitor {
         }
     }
 
-    /// One pass over every cached node, sequentially (upstream `MonitorNodes`). No node is
-    /// excluded: control-plane, uninitialised and provider-ID-less nodes are all examined.
+    /// One pass over every cached node (upstream `MonitorNodes`). No node is excluded:
+    /// control-plane, uninitialised and provider-ID-less nodes are all examined.
+    ///
+    /// Beyond upstream, whose pass is sequential, the nodes are checked
+    /// [`ControllerConfig::node_status_workers`] at a time (`--concurrent-node-status-updates`,
+    /// 0 meaning `--concurrent-node-syncs`, default 64), so a zone outage with thousands of
+    /// NotReady nodes on the per-node path still ends a pass in seconds: each worker's cloud calls
+    /// go through the provider's call budget (`--cloud-api-qps`), throttling pause and call
+    /// pool as every other call, and its writes through the client's rate limit. The decisions
+    /// about one node are made in the order upstream makes them; only different nodes overlap.
     ///
     /// With a bulk provider (beyond upstream) the nodes that are not Ready are looked up first,
     /// existence and shutdown together, in batches ([`bulk_answers`]); the decisions are then
     /// made node by node from those answers, exactly as from the per-node calls.
+    ///
+    /// A pass keeps no per-node set: the "does not exist" runs of nodes that left the cache are
+    /// forgotten by marking the runs the pass met (usually none), so an idle pass costs one look
+    /// at each cached node.
     ///
     /// With node ownership enforced (hybrid clusters) `ctx.nodes` holds only the provider's
     /// nodes, and a node without a providerID is left alone until `--provider-id-grace-period`
@@ -483,75 +500,33 @@ impl NodeMonitor {
         if let Some(grace) = ctx.config.provider_id_grace_period {
             nodes.retain(|n| !within_provider_id_grace(n, grace));
         }
-        let cached: HashSet<String> = nodes.iter().map(|n| node_key(n)).collect();
-        self.streaks.retain(|key, _| cached.contains(key));
         let mut answers = bulk_answers(ctx, &nodes).await;
-        let mut still_open: Vec<(String, &'static str)> = Vec::new();
-        for node in nodes {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let key = node_key(&node);
-            if ready_status(&node) == "True" {
-                self.forget_with_reason(&key, &name, "node is Ready");
-                // Ready nodes are never deleted, even when the cloud says the instance is gone.
-                if let Err(e) =
-                    remove_node_taint(&ctx.client, &node, SHUTDOWN_TAINT, "NoSchedule").await
-                {
-                    tracing::error!(controller = NAME, node = %name, "error patching node taints: {}", kube_error_text(&e));
-                }
-                continue;
-            }
-            let answer = answers.remove(&key);
-            // Beyond upstream: a question about this node asked in an earlier pass whose
-            // thread still runs in the plugin past its deadline is not asked again (it would
-            // only wait for that thread): no answer for this pass, as for an error.
-            if answer.is_none() {
-                if let Some(method) = ctx.provider.open_instance_question(&node) {
-                    tracing::debug!(controller = NAME, node = %name, method, "not asking again: the earlier {method} call about node {name} is still running in the plugin");
-                    self.forget_with_reason(&key, &name, "no answer from the cloud");
-                    still_open.push((name, method));
-                    continue;
-                }
-            }
-            let existence = match &answer {
-                Some(answer) => existence_of_answer(&node, answer, &ctx.config.node_deletion),
-                None => instance_existence(&ctx.provider, &node, &ctx.config.node_deletion).await,
+        let workers = ctx.config.node_status_workers();
+        let shared = Mutex::new(PassState {
+            monitor: self,
+            met: HashSet::new(),
+            still_open: Vec::new(),
+        });
+        let checks = nodes.into_iter().map(|node| {
+            let answer = if answers.is_empty() {
+                None
+            } else {
+                answers.remove(node_key(&node))
             };
-            match existence {
-                Existence::Exists => self.forget_with_reason(&key, &name, "instance exists"),
-                Existence::Unknown(e) => {
-                    // Never a deletion, whatever the kind of error. Throttled: a Warning event;
-                    // the next pass's calls wait for the provider's pause.
-                    if !publish_if_throttled(recorder, node_ref(&node), &e) {
-                        tracing::error!(controller = NAME, node = %name, kind = e.kind().name(), "error checking if node {name} exists: {e}");
-                    }
-                    self.forget_with_reason(&key, &name, "no answer from the cloud");
-                    continue;
-                }
-                Existence::DoesNotExist(absence) => {
-                    self.on_does_not_exist(ctx, recorder, &node, &key, &absence)
-                        .await;
-                    continue;
-                }
-            }
-            let shutdown = match answer {
-                // The instance exists (else the node was handled above): the answer says.
-                Some(Ok(answer)) => Ok(answer.shutdown.unwrap_or(false)),
-                Some(Err(e)) => Err(e),
-                None => shutdown_in_cloud_provider(&ctx.provider, &node).await,
-            };
-            match shutdown {
-                Ok(true) => {
-                    if let Err(e) = add_node_taint(&ctx.client, &name, &shutdown_taint()).await {
-                        tracing::error!(controller = NAME, node = %name, "failed to apply shutdown taint to node {name}, it may have been deleted: {}", kube_error_text(&e));
-                    }
-                }
-                // Not shut down: the taint is only removed once the node is Ready again.
-                Ok(false) => {}
-                Err(e) if publish_if_throttled(recorder, node_ref(&node), &e) => {}
-                Err(e) => {
-                    tracing::error!(controller = NAME, node = %name, "error checking if node {name} is shutdown: {e}");
-                }
-            }
+            (node, answer)
+        });
+        futures::stream::iter(checks)
+            .for_each_concurrent(workers, |(node, answer)| {
+                check_node(ctx, recorder, &shared, node, answer)
+            })
+            .await;
+        let PassState {
+            monitor,
+            met,
+            still_open,
+        } = shared.into_inner().unwrap_or_else(|p| p.into_inner());
+        if met.len() != monitor.streaks.len() {
+            monitor.streaks.retain(|key, _| met.contains(key));
         }
         if let Some((first, method)) = still_open.first() {
             tracing::warn!(
@@ -562,91 +537,192 @@ impl NodeMonitor {
             );
         }
     }
+}
 
-    async fn on_does_not_exist(
-        &mut self,
-        ctx: &ControllerContext,
-        recorder: &EventRecorder,
-        node: &Node,
-        key: &str,
-        absence: &Absence,
-    ) {
-        let name = node.metadata.name.as_deref().unwrap_or_default();
-        let policy = &ctx.config.node_deletion;
-        let verdict = self.does_not_exist(
+/// What the concurrent checks of one pass share (locked only between awaits).
+struct PassState<'a> {
+    monitor: &'a mut NodeMonitor,
+    /// Keys of the nodes met this pass that had a "does not exist" run: the runs of every
+    /// other key belong to nodes no longer cached.
+    met: HashSet<String>,
+    /// Nodes not asked again this pass, with the method still running in the plugin.
+    still_open: Vec<(String, &'static str)>,
+}
+
+impl PassState<'_> {
+    /// Forget `key`'s run (logging why); it was met this pass.
+    fn forget(&mut self, key: &str, name: &str, why: &str) {
+        if self.monitor.streaks.is_empty() {
+            return;
+        }
+        self.monitor.forget_with_reason(key, name, why);
+    }
+}
+
+fn lock<'a, 'b>(shared: &'a Mutex<PassState<'b>>) -> std::sync::MutexGuard<'a, PassState<'b>> {
+    // Every write under the lock is one map or vector operation: a poisoned lock is still whole.
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The checks and decisions of one pass about one node (see [`NodeMonitor::pass`]).
+async fn check_node(
+    ctx: &ControllerContext,
+    recorder: &EventRecorder,
+    shared: &Mutex<PassState<'_>>,
+    node: Arc<Node>,
+    answer: Option<Result<InstanceAnswer, ProviderError>>,
+) {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let key = node_key(&node);
+    if ready_status(&node) == "True" {
+        lock(shared).forget(key, name, "node is Ready");
+        // Ready nodes are never deleted, even when the cloud says the instance is gone.
+        if let Err(e) = remove_node_taint(&ctx.client, &node, SHUTDOWN_TAINT, "NoSchedule").await {
+            tracing::error!(controller = NAME, node = %name, "error patching node taints: {}", kube_error_text(&e));
+        }
+        return;
+    }
+    // Beyond upstream: a question about this node asked in an earlier pass whose thread still
+    // runs in the plugin past its deadline is not asked again (it would only wait for that
+    // thread): no answer for this pass, as for an error.
+    if answer.is_none() {
+        if let Some(method) = ctx.provider.open_instance_question(&node) {
+            tracing::debug!(controller = NAME, node = %name, method, "not asking again: the earlier {method} call about node {name} is still running in the plugin");
+            let mut state = lock(shared);
+            state.forget(key, name, "no answer from the cloud");
+            state.still_open.push((name.to_string(), method));
+            return;
+        }
+    }
+    let existence = match &answer {
+        Some(answer) => existence_of_answer(&node, answer, &ctx.config.node_deletion),
+        None => instance_existence(&ctx.provider, &node, &ctx.config.node_deletion).await,
+    };
+    match existence {
+        Existence::Exists => lock(shared).forget(key, name, "instance exists"),
+        Existence::Unknown(e) => {
+            // Never a deletion, whatever the kind of error. Throttled: a Warning event; the
+            // next pass's calls wait for the provider's pause.
+            if !publish_if_throttled(recorder, node_ref(&node), &e) {
+                tracing::error!(controller = NAME, node = %name, kind = e.kind().name(), "error checking if node {name} exists: {e}");
+            }
+            lock(shared).forget(key, name, "no answer from the cloud");
+            return;
+        }
+        Existence::DoesNotExist(absence) => {
+            on_does_not_exist(ctx, recorder, shared, &node, key, &absence).await;
+            return;
+        }
+    }
+    let shutdown = match answer {
+        // The instance exists (else the node was handled above): the answer says.
+        Some(Ok(answer)) => Ok(answer.shutdown.unwrap_or(false)),
+        Some(Err(e)) => Err(e),
+        None => shutdown_in_cloud_provider(&ctx.provider, &node).await,
+    };
+    match shutdown {
+        Ok(true) => {
+            if let Err(e) = add_node_taint(&ctx.client, name, &shutdown_taint()).await {
+                tracing::error!(controller = NAME, node = %name, "failed to apply shutdown taint to node {name}, it may have been deleted: {}", kube_error_text(&e));
+            }
+        }
+        // Not shut down: the taint is only removed once the node is Ready again.
+        Ok(false) => {}
+        Err(e) if publish_if_throttled(recorder, node_ref(&node), &e) => {}
+        Err(e) => {
+            tracing::error!(controller = NAME, node = %name, "error checking if node {name} is shutdown: {e}");
+        }
+    }
+}
+
+async fn on_does_not_exist(
+    ctx: &ControllerContext,
+    recorder: &EventRecorder,
+    shared: &Mutex<PassState<'_>>,
+    node: &Node,
+    key: &str,
+    absence: &Absence,
+) {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let policy = &ctx.config.node_deletion;
+    let verdict = {
+        let mut state = lock(shared);
+        let verdict = state.monitor.does_not_exist(
             key,
             &absence.provider_id,
             Instant::now(),
             policy,
             ctx.config.node_monitor_period,
         );
-        match verdict {
-            Verdict::Wait { answers } => {
-                let evidence = evidence(name, absence, answers, None);
-                tracing::info!(controller = NAME, node = %name, "{evidence}; {answers} of {} answers in a row over at least {}, not deleting node {name} yet", policy.confirmations, crate::duration::format(ctx.config.node_monitor_period));
-            }
-            Verdict::AlreadyWithheld => {
-                tracing::debug!(controller = NAME, node = %name, "instance of node {name} still does not exist in the cloud; deletion withheld (--node-deletion-mode=report)");
-            }
-            Verdict::Withhold { answers, span } => {
-                let message = format!(
-                    "{}; not deleting node {name} (--node-deletion-mode=report)",
+        state.met.insert(key.to_string());
+        verdict
+    };
+    match verdict {
+        Verdict::Wait { answers } => {
+            let evidence = evidence(name, absence, answers, None);
+            tracing::info!(controller = NAME, node = %name, "{evidence}; {answers} of {} answers in a row over at least {}, not deleting node {name} yet", policy.confirmations, crate::duration::format(ctx.config.node_monitor_period));
+        }
+        Verdict::AlreadyWithheld => {
+            tracing::debug!(controller = NAME, node = %name, "instance of node {name} still does not exist in the cloud; deletion withheld (--node-deletion-mode=report)");
+        }
+        Verdict::Withhold { answers, span } => {
+            let message = format!(
+                "{}; not deleting node {name} (--node-deletion-mode=report)",
+                evidence(name, absence, answers, Some(span))
+            );
+            tracing::warn!(controller = NAME, node = %name, "{message}");
+            recorder.publish(
+                node_ref(node),
+                EventType::Warning,
+                NODE_DELETION_WITHHELD,
+                message,
+            );
+            ctx.metrics.node_deletions_withheld.inc();
+        }
+        Verdict::Delete { answers, span } => {
+            recorder.publish(
+                node_ref(node),
+                EventType::Normal,
+                INSTANCE_DOES_NOT_EXIST,
+                format!(
+                    "{}; deleting node {name}",
                     evidence(name, absence, answers, Some(span))
-                );
-                tracing::warn!(controller = NAME, node = %name, "{message}");
-                recorder.publish(
-                    node_ref(node),
-                    EventType::Warning,
-                    NODE_DELETION_WITHHELD,
-                    message,
-                );
-                ctx.metrics.node_deletions_withheld.inc();
-            }
-            Verdict::Delete { answers, span } => {
-                recorder.publish(
-                    node_ref(node),
-                    EventType::Normal,
-                    INSTANCE_DOES_NOT_EXIST,
-                    format!(
-                        "{}; deleting node {name}",
-                        evidence(name, absence, answers, Some(span))
-                    ),
-                );
-                if self.delete(ctx, recorder, node).await {
-                    self.forget(key);
-                }
+                ),
+            );
+            if delete(ctx, recorder, node).await {
+                lock(shared).monitor.forget(key);
             }
         }
     }
+}
 
-    /// Upstream's deletion: its log line, `DeletingNode` event, DELETE without preconditions,
-    /// and `DeletingNodeFailed` on failure. `true` when the API server accepted the delete.
-    async fn delete(&self, ctx: &ControllerContext, recorder: &EventRecorder, node: &Node) -> bool {
-        let name = node.metadata.name.as_deref().unwrap_or_default();
-        tracing::info!(controller = NAME, node = %name, "deleting node since it is no longer present in cloud provider: {name}");
-        recorder.publish(
-            node_ref(node),
-            EventType::Normal,
-            DELETING_NODE,
-            format!("Deleting node {name} because it does not exist in the cloud provider"),
-        );
-        let api: Api<Node> = Api::all(ctx.client.clone());
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {
-                ctx.metrics.node_deletions.inc();
-                true
-            }
-            Err(e) => {
-                let err = kube_error_text(&e);
-                tracing::error!(controller = NAME, node = %name, "unable to delete node {name:?}: {err}");
-                recorder.publish(
-                    node_ref(node),
-                    EventType::Warning,
-                    DELETING_NODE_FAILED,
-                    format!("Failed deleting node {name}: {err}"),
-                );
-                false
-            }
+/// Upstream's deletion: its log line, `DeletingNode` event, DELETE without preconditions, and
+/// `DeletingNodeFailed` on failure. `true` when the API server accepted the delete.
+async fn delete(ctx: &ControllerContext, recorder: &EventRecorder, node: &Node) -> bool {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    tracing::info!(controller = NAME, node = %name, "deleting node since it is no longer present in cloud provider: {name}");
+    recorder.publish(
+        node_ref(node),
+        EventType::Normal,
+        DELETING_NODE,
+        format!("Deleting node {name} because it does not exist in the cloud provider"),
+    );
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {
+            ctx.metrics.node_deletions.inc();
+            true
+        }
+        Err(e) => {
+            let err = kube_error_text(&e);
+            tracing::error!(controller = NAME, node = %name, "unable to delete node {name:?}: {err}");
+            recorder.publish(
+                node_ref(node),
+                EventType::Warning,
+                DELETING_NODE_FAILED,
+                format!("Failed deleting node {name}: {err}"),
+            );
+            false
         }
     }
 }

@@ -457,7 +457,9 @@ impl FakeCloud {
     ) -> Result<Arc<Settings>> {
         let mut s = self.settings();
         ccm_provider_abi::log::debug!("fake cloud: {method} {args}");
-        self.inner.log.record(call, args);
+        self.inner
+            .log
+            .record_delayed(call, args, self.inner.counters.delayed());
         // `stuck`: block without looking at the context, until the live settings drop the
         // method (a control-file change).
         while s.faults.stuck(method) {

@@ -55,6 +55,15 @@ pub struct CallRecord {
     /// The process that made the call (tells host replicas sharing a `stateDir` apart).
     #[serde(default)]
     pub pid: u32,
+    /// Other calls of this cloud that were in their `latency` wait when this call arrived: with
+    /// a latency set, this call and those were in the plugin at the same time (tests read the
+    /// host's concurrency from it). Left out of the file when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub delayed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl CallRecord {
@@ -362,6 +371,11 @@ impl CallLog {
     }
 
     pub(crate) fn record(&self, call: &str, args: serde_json::Value) {
+        self.record_delayed(call, args, 0);
+    }
+
+    /// [`CallLog::record`] with the calls in their latency wait ([`CallRecord::delayed`]).
+    pub(crate) fn record_delayed(&self, call: &str, args: serde_json::Value, delayed: u64) {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let inner = &mut *g;
         inner.seq += 1;
@@ -375,6 +389,7 @@ impl CallLog {
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
                 .unwrap_or(0),
             pid: std::process::id(),
+            delayed,
         };
         if let Some(file) = &mut inner.file {
             inner.line.clear();

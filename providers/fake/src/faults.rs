@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -78,7 +79,10 @@ impl Faults {
             wait_until(ctx, on_cancel, None, || !gate.exists())?;
         }
         if let Some((_, delay)) = Self::lookup(&self.latency, method) {
-            sleep(ctx, *delay, on_cancel)?;
+            counters.delayed.fetch_add(1, Ordering::SeqCst);
+            let slept = sleep(ctx, *delay, on_cancel);
+            counters.delayed.fetch_sub(1, Ordering::SeqCst);
+            slept?;
         }
         if Self::listed(&self.hang, method) {
             wait_until(ctx, on_cancel, None, || false)?;
@@ -135,7 +139,12 @@ pub(crate) fn health(spec: Option<&ErrorSpec>, counters: &Counters) -> Result<()
 
 /// What is left of each `times: N` budget. Reset whenever the settings are replaced.
 #[derive(Debug, Default)]
-pub(crate) struct Counters(Mutex<HashMap<String, u32>>);
+pub(crate) struct Counters {
+    /// Calls left to fail, by error key.
+    left: Mutex<HashMap<String, u32>>,
+    /// Calls in their `latency` wait right now (the `delayed` field of the call log).
+    delayed: AtomicUsize,
+}
 
 impl Counters {
     /// True when the call should fail (and uses up one of `spec.times` if set).
@@ -143,7 +152,7 @@ impl Counters {
         let Some(times) = spec.times else {
             return true;
         };
-        let mut left = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut left = self.left.lock().unwrap_or_else(PoisonError::into_inner);
         let n = left.entry(key.to_string()).or_insert(times);
         if *n == 0 {
             false
@@ -154,10 +163,15 @@ impl Counters {
     }
 
     pub(crate) fn reset(&self) {
-        self.0
+        self.left
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+    }
+
+    /// Calls in their `latency` wait right now.
+    pub(crate) fn delayed(&self) -> u64 {
+        self.delayed.load(Ordering::SeqCst) as u64
     }
 }
 
