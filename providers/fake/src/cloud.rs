@@ -309,12 +309,13 @@ impl FakeCloud {
                 ))
             })?;
         }
-        let log = CallLog::new(provider_name.clone(), dir.as_deref()).map_err(|e| {
-            ProviderError::invalid_config(format!(
-                "fake cloud: cannot open the call log in stateDir {}: {e}",
-                dir.as_deref().unwrap_or(std::path::Path::new("")).display()
-            ))
-        })?;
+        let log =
+            CallLog::new(provider_name.clone(), dir.as_deref(), config.call_log).map_err(|e| {
+                ProviderError::invalid_config(format!(
+                    "fake cloud: cannot open the call log in stateDir {}: {e}",
+                    dir.as_deref().unwrap_or(std::path::Path::new("")).display()
+                ))
+            })?;
         let mut state = CloudState::default();
         for seed in &config.routes {
             let rec = RouteRecord::from_seed(seed);
@@ -345,6 +346,9 @@ impl FakeCloud {
                 host: Mutex::new(None),
             }),
         };
+        if let Some(dir) = dir.as_deref().filter(|_| config.heap_file) {
+            spawn_heap_writer(&cloud.inner, dir.join(HEAP_FILE));
+        }
         // Apply a control file that is already there, and publish the initial state (or, when
         // shared, take over the state another process published).
         let _ = cloud.settings();
@@ -836,5 +840,33 @@ impl Clusters for FakeCloud {
     fn master(&self, ctx: &CallContext, cluster_name: &str) -> Result<String> {
         let s = self.begin("Master", "master", json!({ "cluster": cluster_name }), ctx)?;
         Ok(s.config.master.clone())
+    }
+}
+
+/// The file `heapFile` writes in the state directory.
+pub const HEAP_FILE: &str = "heap.json";
+
+/// Write `{"current": bytes, "peak": bytes}` of the plugin's heap ([`crate::heap`]) to `path`
+/// every 200 ms (replacing the file at once), until the cloud is dropped.
+fn spawn_heap_writer(inner: &Arc<Inner>, path: std::path::PathBuf) {
+    let cloud = Arc::downgrade(inner);
+    let tmp = path.with_extension("json.tmp");
+    let spawned = std::thread::Builder::new()
+        .name("fake-heap-file".into())
+        .spawn(move || {
+            while cloud.strong_count() > 0 {
+                let text = format!(
+                    "{{\"current\":{},\"peak\":{}}}\n",
+                    crate::heap::current(),
+                    crate::heap::peak()
+                );
+                if std::fs::write(&tmp, text).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+    if let Err(e) = spawned {
+        ccm_provider_abi::log::warn!("fake cloud: cannot start the heap file writer: {e}");
     }
 }

@@ -106,6 +106,15 @@ pub struct FakeConfig {
     /// leadership), and written after every change (config file only).
     #[serde(skip_serializing_if = "is_false")]
     pub shared_state: bool,
+    /// Record every call (in memory, and in `stateDir/calls.jsonl`). Turn off for big
+    /// benchmarks: a load-balancer call's record holds every host name (creation time only).
+    #[serde(skip_serializing_if = "is_true")]
+    pub call_log: bool,
+    /// Write the plugin's own heap figures ([`crate::heap`]) to `stateDir/heap.json` every
+    /// 200 ms, for benchmarks that separate the provider's memory from the host's (config
+    /// file only).
+    #[serde(skip_serializing_if = "is_false")]
+    pub heap_file: bool,
 
     /// Instances known to the cloud.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -207,6 +216,8 @@ impl Default for FakeConfig {
             state_dir: None,
             cloud_state_file: true,
             shared_state: false,
+            call_log: true,
+            heap_file: false,
             instances: Vec::new(),
             auto_instances: true,
             defaults: Defaults::default(),
@@ -753,6 +764,11 @@ impl FakeConfig {
         if self.shared_state && (self.state_dir.is_none() || !self.cloud_state_file) {
             return bad(
                 "sharedState needs stateDir and cloudStateFile (the cloud is shared through stateDir/cloud.json)".into(),
+            );
+        }
+        if self.heap_file && self.state_dir.is_none() {
+            return bad(
+                "heapFile needs stateDir (the figures are written to stateDir/heap.json)".into(),
             );
         }
         if let Some(ip) = &self.external_ip {

@@ -339,6 +339,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// The call log: an append-only file (one `write` per line) plus a bounded in-memory copy.
 pub(crate) struct CallLog {
     provider: String,
+    /// `callLog`: false records nothing.
+    enabled: bool,
     inner: Mutex<LogInner>,
 }
 
@@ -350,8 +352,9 @@ struct LogInner {
 }
 
 impl CallLog {
-    pub(crate) fn new(provider: String, dir: Option<&Path>) -> io::Result<Self> {
+    pub(crate) fn new(provider: String, dir: Option<&Path>, enabled: bool) -> io::Result<Self> {
         let file = dir
+            .filter(|_| enabled)
             .map(|d| {
                 OpenOptions::new()
                     .create(true)
@@ -361,6 +364,7 @@ impl CallLog {
             .transpose()?;
         Ok(Self {
             provider,
+            enabled,
             inner: Mutex::new(LogInner {
                 seq: 0,
                 file,
@@ -376,6 +380,9 @@ impl CallLog {
 
     /// [`CallLog::record`] with the calls in their latency wait ([`CallRecord::delayed`]).
     pub(crate) fn record_delayed(&self, call: &str, args: serde_json::Value, delayed: u64) {
+        if !self.enabled {
+            return;
+        }
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let inner = &mut *g;
         inner.seq += 1;

@@ -16,6 +16,7 @@ pub mod cloud;
 pub mod config;
 pub mod control;
 mod faults;
+pub mod heap;
 mod instances;
 pub mod loadbalancer;
 pub mod routes;
