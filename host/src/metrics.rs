@@ -1,5 +1,7 @@
 //! Prometheus metrics with upstream names (docs/upstream-compat.md#metrics), in one registry served at `/metrics`.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -156,6 +158,14 @@ pub struct Metrics {
     /// `ccm_node_deletions_withheld_total` (beyond upstream): deletions withheld by
     /// `--node-deletion-mode=report`, one per node and run of "does not exist" answers.
     pub node_deletions_withheld: Counter,
+    /// `ccm_node_lifecycle_passes_total` (beyond upstream): lifecycle passes completed.
+    pub node_lifecycle_passes: Counter,
+    /// `ccm_node_lifecycle_last_pass_seconds` (beyond upstream): how long the last lifecycle
+    /// pass took (it should stay below `--node-monitor-period`).
+    pub node_lifecycle_last_pass_seconds: Gauge<f64, AtomicU64>,
+    /// `ccm_node_lifecycle_last_pass_not_ready_nodes` (beyond upstream): nodes that were not
+    /// Ready in the last lifecycle pass (the ones asked about).
+    pub node_lifecycle_last_pass_not_ready: Gauge,
     /// client-go's workqueue metrics of the controllers' queues.
     pub workqueue: WorkqueueMetrics,
 }
@@ -176,6 +186,9 @@ impl Metrics {
             route_sync_total: Counter::default(),
             node_deletions: Counter::default(),
             node_deletions_withheld: Counter::default(),
+            node_lifecycle_passes: Counter::default(),
+            node_lifecycle_last_pass_seconds: Gauge::default(),
+            node_lifecycle_last_pass_not_ready: Gauge::default(),
             workqueue: WorkqueueMetrics::default(),
         };
         m.workqueue.register(registry);
@@ -229,6 +242,21 @@ impl Metrics {
             "ccm_node_deletions_withheld",
             "Node deletions the cloud-node-lifecycle controller withheld because of --node-deletion-mode=report, one per node and run of 'does not exist' answers",
             m.node_deletions_withheld.clone(),
+        );
+        registry.register(
+            "ccm_node_lifecycle_passes",
+            "Passes of the cloud-node-lifecycle controller over every cached node",
+            m.node_lifecycle_passes.clone(),
+        );
+        registry.register(
+            "ccm_node_lifecycle_last_pass_seconds",
+            "How long the last pass of the cloud-node-lifecycle controller took (to stay below --node-monitor-period)",
+            m.node_lifecycle_last_pass_seconds.clone(),
+        );
+        registry.register(
+            "ccm_node_lifecycle_last_pass_not_ready_nodes",
+            "Nodes that were not Ready in the last pass of the cloud-node-lifecycle controller (the nodes asked about)",
+            m.node_lifecycle_last_pass_not_ready.clone(),
         );
         m
     }

@@ -496,6 +496,7 @@ impl NodeMonitor {
     /// nodes, and a node without a providerID is left alone until `--provider-id-grace-period`
     /// after its creation, so the controller that may initialise it has the time to (KEP-5778).
     pub async fn pass(&mut self, ctx: &ControllerContext, recorder: &EventRecorder) {
+        let started = Instant::now();
         let mut nodes = ctx.nodes.list();
         if let Some(grace) = ctx.config.provider_id_grace_period {
             nodes.retain(|n| !within_provider_id_grace(n, grace));
@@ -506,6 +507,7 @@ impl NodeMonitor {
             monitor: self,
             met: HashSet::new(),
             still_open: Vec::new(),
+            not_ready: 0,
         });
         let checks = nodes.into_iter().map(|node| {
             let answer = if answers.is_empty() {
@@ -524,7 +526,16 @@ impl NodeMonitor {
             monitor,
             met,
             still_open,
+            not_ready,
         } = shared.into_inner().unwrap_or_else(|p| p.into_inner());
+        let metrics = &ctx.metrics;
+        metrics.node_lifecycle_passes.inc();
+        metrics
+            .node_lifecycle_last_pass_seconds
+            .set(started.elapsed().as_secs_f64());
+        metrics
+            .node_lifecycle_last_pass_not_ready
+            .set(i64::try_from(not_ready).unwrap_or(i64::MAX));
         if met.len() != monitor.streaks.len() {
             monitor.streaks.retain(|key, _| met.contains(key));
         }
@@ -547,6 +558,8 @@ struct PassState<'a> {
     met: HashSet<String>,
     /// Nodes not asked again this pass, with the method still running in the plugin.
     still_open: Vec<(String, &'static str)>,
+    /// Nodes met that were not Ready.
+    not_ready: usize,
 }
 
 impl PassState<'_> {
@@ -582,6 +595,7 @@ async fn check_node(
         }
         return;
     }
+    lock(shared).not_ready += 1;
     // Beyond upstream: a question about this node asked in an earlier pass whose thread still
     // runs in the plugin past its deadline is not asked again (it would only wait for that
     // thread): no answer for this pass, as for an error.
