@@ -1,4 +1,4 @@
-//! `ccm-host run`: the cloud-controller-manager daemon (spec §3.2).
+//! `ccm-host run`: the cloud-controller-manager daemon.
 //!
 //! Start-up order as upstream: validate flags (every problem reported, exit 2) → load plugins and
 //! build the selected provider on every replica (HasClusterID check) → API client → HTTP
