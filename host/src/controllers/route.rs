@@ -15,6 +15,14 @@
 //! `CloudProviderThrottled` Warning event instead of `FailedToCreateRoute`. There is no per-item
 //! back-off to spare: the next reconcile (at most one period later) creates the route, its calls
 //! waiting for the provider's pause.
+//!
+//! Beyond upstream, which starts a goroutine per route and per node condition at once: a pass
+//! makes each cloud call's future only when one of the [`MAX_CONCURRENT_ROUTE_CALLS`] slots is
+//! free, and writes at most [`CONDITION_UPDATES_IN_FLIGHT`] `NetworkUnavailable` conditions at a
+//! time (the writes wait for the client's rate limit anyway). With every future made up front, a
+//! first pass over 20,000 nodes held 20,000 route calls and 20,000 condition patches at once and
+//! peaked near 800 MiB; a pass that created routes or wrote conditions for [`RELEASE_AFTER`] or
+//! more nodes ends by returning the freed memory (`malloc_trim`).
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -22,7 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ccm_provider_abi::{ProviderError, Route};
-use futures::future::join_all;
+use futures::StreamExt;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -43,6 +51,12 @@ pub const ALIAS: &str = "route";
 pub const COMPONENT: &str = "route_controller";
 /// Upstream's bound on concurrent cloud route calls.
 const MAX_CONCURRENT_ROUTE_CALLS: usize = 200;
+/// `NetworkUnavailable` writes in flight at once (beyond upstream, which starts one goroutine
+/// per node): about the client's default burst (`--kube-api-burst` 30).
+const CONDITION_UPDATES_IN_FLIGHT: usize = 32;
+/// Route creations or condition writes in one pass from which the pass ends by returning the
+/// freed memory to the system.
+const RELEASE_AFTER: usize = 500;
 
 /// Parse `--cluster-cidr` as upstream does: the whole value is trimmed, split on `,` (elements
 /// are not trimmed), at most two CIDRs, and two only as one IPv4 plus one IPv6.
@@ -238,8 +252,10 @@ pub async fn reconcile(
 
     let limit = Arc::new(Semaphore::new(MAX_CONCURRENT_ROUTE_CALLS));
 
-    // Deletions.
-    let mut deletions = Vec::new();
+    // Deletions: the routes to delete, called at most MAX_CONCURRENT_ROUTE_CALLS at a time
+    // (together with the creations). Each call's future is made when its turn comes, so the
+    // memory of a pass does not grow with the number of routes (see the module documentation).
+    let mut stale_routes = Vec::new();
     for route in &routes {
         match is_responsible(route, cluster_cidrs) {
             None => {
@@ -257,35 +273,39 @@ pub async fn reconcile(
             },
         };
         if route.blackhole || stale {
-            let (provider, cluster, route, limit) = (
-                ctx.provider.clone(),
-                cluster.clone(),
-                route.clone(),
-                limit.clone(),
-            );
-            deletions.push(async move {
-                let _permit = limit.acquire_owned().await;
-                let started = Instant::now();
-                match provider.delete_route(&cluster, &route).await {
-                    Ok(()) => tracing::info!(
-                        controller = NAME,
-                        node = %route.target_node,
-                        cidr = %route.destination_cidr,
-                        blackhole = route.blackhole,
-                        "deleted route after {:?}",
-                        started.elapsed()
-                    ),
-                    Err(e) => tracing::error!(
-                        controller = NAME,
-                        node = %route.target_node,
-                        cidr = %route.destination_cidr,
-                        "could not delete route: {e}"
-                    ),
-                }
-            });
+            stale_routes.push(route.clone());
         }
     }
-    let deletions = tokio::spawn(tracing::Instrument::in_current_span(join_all(deletions)));
+    let deletions = {
+        let (provider, cluster, limit) = (ctx.provider.clone(), cluster.clone(), limit.clone());
+        futures::stream::iter(stale_routes).for_each_concurrent(
+            MAX_CONCURRENT_ROUTE_CALLS,
+            move |route| {
+                let (provider, cluster, limit) = (provider.clone(), cluster.clone(), limit.clone());
+                async move {
+                    let _permit = limit.acquire_owned().await;
+                    let started = Instant::now();
+                    match provider.delete_route(&cluster, &route).await {
+                        Ok(()) => tracing::info!(
+                            controller = NAME,
+                            node = %route.target_node,
+                            cidr = %route.destination_cidr,
+                            blackhole = route.blackhole,
+                            "deleted route after {:?}",
+                            started.elapsed()
+                        ),
+                        Err(e) => tracing::error!(
+                            controller = NAME,
+                            node = %route.target_node,
+                            cidr = %route.destination_cidr,
+                            "could not delete route: {e}"
+                        ),
+                    }
+                }
+            },
+        )
+    };
+    let deletions = tokio::spawn(tracing::Instrument::in_current_span(deletions));
     // Address-aware providers: never create before the stale route is gone.
     let serialise = routes.first().is_some_and(|r| r.enable_node_addresses);
     let mut deletions = Some(deletions);
@@ -295,39 +315,42 @@ pub async fn reconcile(
         }
     }
 
-    // Creations.
-    let by_name: HashMap<String, &Arc<Node>> = nodes
+    // Creations, made lazily and bounded as the deletions.
+    let by_name: HashMap<&str, &Arc<Node>> = nodes
         .iter()
-        .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n))
         .collect();
-    let mut creations = Vec::new();
+    let mut to_create: Vec<(Arc<Node>, usize, String)> = Vec::new();
     for (name, per_node) in &actions {
-        let Some(node) = by_name.get(name) else {
+        let Some(node) = by_name.get(name.as_str()) else {
             continue;
         };
         for (index, (cidr, action)) in per_node.iter().enumerate() {
-            if *action == Action::Keep {
-                continue;
+            if *action != Action::Keep {
+                to_create.push((Arc::clone(node), index, cidr.clone()));
             }
-            let route = Route {
-                target_node: name.clone(),
-                target_node_addresses: node
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.addresses.clone())
-                    .unwrap_or_default(),
-                destination_cidr: cidr.clone(),
-                ..Default::default()
-            };
-            let uid = node.metadata.uid.clone().unwrap_or_default();
-            let (provider, cluster, limit, recorder, node) = (
+        }
+    }
+    let created: Vec<(String, usize, bool)> = futures::stream::iter(to_create)
+        .map(|(node, index, cidr)| {
+            let (provider, cluster, limit, recorder) = (
                 ctx.provider.clone(),
                 cluster.clone(),
                 limit.clone(),
                 recorder.clone(),
-                Arc::clone(node),
             );
-            creations.push(async move {
+            async move {
+                let route = Route {
+                    target_node: node.metadata.name.clone().unwrap_or_default(),
+                    target_node_addresses: node
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.addresses.clone())
+                        .unwrap_or_default(),
+                    destination_cidr: cidr,
+                    ..Default::default()
+                };
+                let uid = node.metadata.uid.clone().unwrap_or_default();
                 let _permit = limit.acquire_owned().await;
                 let started = Instant::now();
                 match provider.create_route(&cluster, &uid, &route).await {
@@ -351,10 +374,13 @@ pub async fn reconcile(
                         (route.target_node, index, false)
                     }
                 }
-            });
-        }
-    }
-    for (node, index, ok) in join_all(creations).await {
+            }
+        })
+        .buffer_unordered(MAX_CONCURRENT_ROUTE_CALLS)
+        .collect()
+        .await;
+    let busy = created.len() >= RELEASE_AFTER;
+    for (node, index, ok) in created {
         if ok {
             if let Some(per_node) = actions.get_mut(&node) {
                 per_node[index].1 = Action::Keep;
@@ -365,24 +391,42 @@ pub async fn reconcile(
         let _ = d.await;
     }
 
-    // Conditions.
+    // Conditions: CONDITION_UPDATES_IN_FLIGHT at a time. The writes go through the client's
+    // rate limit (`--kube-api-qps`); more in flight would only wait there, each holding its
+    // request, which with every node's condition to write was most of a large pass's memory.
     let routed: HashSet<&str> = routes_by_node.keys().copied().collect();
-    let mut updates = Vec::new();
+    let mut to_update: Vec<(Arc<Node>, bool)> = Vec::new();
     for node in &nodes {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let unavailable = match actions.get(&name) {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let unavailable = match actions.get(name) {
             Some(per_node) => per_node.iter().any(|(_, a)| *a != Action::Keep),
-            None if routed.contains(name.as_str()) => true,
+            None if routed.contains(name) => true,
             None => continue,
         };
-        let (client, node) = (ctx.client.clone(), Arc::clone(node));
-        updates.push(async move {
-            if let Err(e) = update_network_condition(&client, &node, unavailable).await {
-                tracing::error!(controller = NAME, node = %name, "could not update NetworkUnavailable: {e}");
-            }
-        });
+        to_update.push((Arc::clone(node), unavailable));
     }
-    join_all(updates).await;
+    let updates = futures::stream::iter(to_update)
+        .map(|(node, unavailable)| {
+            let client = ctx.client.clone();
+            async move {
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                match update_network_condition(&client, &node, unavailable).await {
+                    Err(e) => {
+                        tracing::error!(controller = NAME, node = %name, "could not update NetworkUnavailable: {e}");
+                        false
+                    }
+                    Ok(wrote) => wrote,
+                }
+            }
+        })
+        .buffer_unordered(CONDITION_UPDATES_IN_FLIGHT)
+        .fold(0usize, |n, wrote| async move { n + usize::from(wrote) })
+        .await;
+    if busy || updates >= RELEASE_AFTER {
+        // A pass that created routes or wrote conditions for many nodes freed as much; give
+        // the pages back instead of keeping them as the process's new floor.
+        crate::runtime::malloc::release_free_memory();
+    }
     Ok(())
 }
 
@@ -427,13 +471,14 @@ async fn update_network_condition(
     client: &kube::Client,
     node: &Node,
     unavailable: bool,
-) -> Result<(), kube::Error> {
+) -> Result<bool, kube::Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let Some(condition) = desired_condition(node, unavailable, now) else {
-        return Ok(());
+        return Ok(false);
     };
     let name = node.metadata.name.clone().unwrap_or_default();
-    patch_node_condition(client, &name, &condition).await
+    patch_node_condition(client, &name, &condition).await?;
+    Ok(true)
 }
 
 #[cfg(test)]
