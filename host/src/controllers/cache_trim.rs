@@ -15,6 +15,10 @@
 //!   `status.config`, `status.capacity` and `status.allocatable` (kubelet and scheduler
 //!   bookkeeping: half of a node's cached bytes with ten images, each resource map alone
 //!   costing ~0.6 KB);
+//! - from nodes' `status.conditions`: every condition but `Ready` (the lifecycle and service
+//!   controllers) and `NetworkUnavailable` (the route controller), and the `message` of those
+//!   two (kubelet's prose): the kubelet's pressure conditions cost ~0.2 KB each and nothing here
+//!   reads them (`bench_node_memory` itemises a node's cost; see BENCHMARKS.md);
 //! - services that cannot have a load balancer (not of type LoadBalancer, no load-balancer
 //!   finalizer, no load-balancer ingress: ~99% of a typical cluster's services) are not cached
 //!   at all ([`crate::runtime::informer::Trim`]). Even an empty `Service` costs ~1.2 KB in the cache
@@ -34,7 +38,9 @@ use k8s_openapi::api::core::v1::{Node, Service};
 
 use super::service::predicates::{has_lb_finalizer, has_lb_ingress};
 
-use crate::runtime::well_known::LAST_APPLIED_ANNOTATION;
+use crate::runtime::well_known::{
+    LAST_APPLIED_ANNOTATION, NETWORK_UNAVAILABLE_CONDITION, READY_CONDITION,
+};
 
 /// Trim a node for the shared cache (every node is cached). Nothing the node controller's PUT
 /// sends back (metadata, spec) is dropped but managedFields, which the API server keeps when
@@ -48,6 +54,14 @@ pub fn node(node: &mut Node) -> bool {
         status.config = None;
         status.capacity = None;
         status.allocatable = None;
+        if let Some(conditions) = status.conditions.as_mut() {
+            conditions
+                .retain(|c| c.type_ == READY_CONDITION || c.type_ == NETWORK_UNAVAILABLE_CONDITION);
+            conditions.shrink_to_fit();
+            for c in conditions {
+                c.message = None;
+            }
+        }
     }
     true
 }
@@ -164,5 +178,29 @@ mod tests {
         for kept in ["addresses", "conditions", "nodeInfo"] {
             assert!(v["status"].get(kept).is_some(), "{kept} kept");
         }
+    }
+
+    #[test]
+    fn only_the_conditions_the_controllers_read_are_kept_without_their_message() {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "status": {"conditions": [
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": "m"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "DiskPressure", "status": "False"},
+                {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated", "message": "RouteController created a route"},
+            ]}
+        }))
+        .unwrap();
+        assert!(node(&mut n));
+        let v = serde_json::to_value(&n).unwrap();
+        assert_eq!(
+            v["status"]["conditions"],
+            json!([
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated"},
+            ])
+        );
     }
 }
