@@ -40,6 +40,11 @@
 //!   service and every node, so syncing once per changed node only repeats the same work: at
 //!   start-up with 5,000 nodes upstream runs 5,000 full node syncs (O(nodes² × LB services)),
 //!   here one. A change arriving during a sync still queues exactly one more sync.
+//! - One host set per node sync ([`node_sync::Round`]), one shared serialisation of it for full
+//!   `UpdateLoadBalancer` calls, and the ABI 1.2 incremental host update (only the added and
+//!   removed nodes) for plugins that offer it (docs/abi-1.2.md). Node syncs start at least
+//!   `--node-sync-interval` apart, so during mass node changes a load balancer gets at most one
+//!   host update per interval (staleness bound: docs/architecture.md).
 //! - The shared cache does not hold services that cannot have a load balancer
 //!   ([`crate::controllers::cache_trim`]). A key missing from the cache is read from the API
 //!   before it is treated as deleted, so the decisions are upstream's.
