@@ -269,6 +269,12 @@ impl ServiceController {
         lock(&self.cache).get(key).cloned()
     }
 
+    /// Whether the service's EnsureLoadBalancer has succeeded in this process: from then on
+    /// node syncs update its hosts (before, they hand it back to the service queue).
+    pub fn is_ensured(&self, key: &str) -> bool {
+        lock(&self.ensured).contains(key)
+    }
+
     /// Names of the hosts last sent to the cloud for a service, sorted.
     pub fn last_synced_node_names(&self, key: &str) -> Option<Vec<String>> {
         lock(&self.last_synced).get(key).map(|stored| {
