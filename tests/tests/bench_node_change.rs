@@ -227,21 +227,21 @@ async fn run_mode(mode: &str, nodes: usize, services: usize, changes: usize, wor
     }
     for (i, f) in results.iter().enumerate() {
         println!(
-            "[{mode}] change {}: wall {:.3}s, process CPU {:.2}s, {} host updates ({} full), {:.1} MB of Node JSON across the ABI",
+            "[{mode}] change {}: wall {:.3}s, process CPU {:.2}s, {} host updates ({} full), {:.1} KB of Node JSON across the ABI",
             i + 1,
             f.wall.as_secs_f64(),
             f.cpu.as_secs_f64(),
             f.updates,
             f.full_calls,
-            f.abi_bytes as f64 / 1e6
+            f.abi_bytes as f64 / 1e3
         );
     }
     let n = results.len().max(1) as f64;
     println!(
-        "[{mode}] mean per node change reaching {services} LBs ({nodes} nodes, --concurrent-service-syncs {workers}): wall {:.3}s, CPU {:.2}s, {:.1} MB across the ABI",
+        "[{mode}] mean per node change reaching {services} LBs ({nodes} nodes, --concurrent-service-syncs {workers}): wall {:.3}s, CPU {:.2}s, {:.1} KB of Node JSON across the ABI",
         results.iter().map(|f| f.wall.as_secs_f64()).sum::<f64>() / n,
         results.iter().map(|f| f.cpu.as_secs_f64()).sum::<f64>() / n,
-        results.iter().map(|f| f.abi_bytes as f64).sum::<f64>() / n / 1e6,
+        results.iter().map(|f| f.abi_bytes as f64).sum::<f64>() / n / 1e3,
     );
 }
 

@@ -9,7 +9,9 @@
 //! - with the fake acting as a 1.1 plugin (`incrementalHosts: false`): one full
 //!   `UpdateLoadBalancer` per load balancer, with every host.
 //!
-//! In both cases the fake's load balancers end with exactly the cluster's nodes.
+//! In both cases the fake's load balancers end with exactly the cluster's nodes. A third test
+//! drives the token agreement (base, token, `BASE_MISMATCH`, a full call forgetting the token)
+//! through the host's `Provider` and the SDK in the fake's `.so`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -112,7 +114,7 @@ impl Cluster {
         })
         .await;
         let ctrl = ServiceController::new(ctx.clone()).expect("fake offers LoadBalancer");
-        tokio::spawn(ctrl.run());
+        tokio::spawn(ctrl.clone().run());
         let services: Api<Service> = Api::namespaced(h.client.clone(), NS);
         for i in 0..SERVICES {
             let svc = serde_json::from_value(svc_json(&format!("svc-{i:02}"))).unwrap();
@@ -121,16 +123,21 @@ impl Cluster {
                 .await
                 .expect("create service");
         }
+        // Ensured as the controller sees it (a node sync hands a service whose first ensure has
+        // not returned back to the service queue: a `create`, not a host update).
         eventually("every load balancer ensured", WAIT, || {
-            let created: std::collections::BTreeSet<String> = h
-                .calls()
-                .iter()
-                .filter(|c| c.call == "create" && c.hosts().len() == NODES)
-                .filter_map(|c| c.arg("service").map(str::to_string))
-                .collect();
-            (created.len() == SERVICES).then_some(())
+            (0..SERVICES)
+                .all(|i| ctrl.is_ensured(&svc_key(i)))
+                .then_some(())
         })
         .await;
+        let created: std::collections::BTreeSet<String> = h
+            .calls()
+            .iter()
+            .filter(|c| c.call == "create" && c.hosts().len() == NODES)
+            .filter_map(|c| c.arg("service").map(str::to_string))
+            .collect();
+        assert_eq!(created.len(), SERVICES, "every LB created with every node");
         let nodes = Api::all(h.client.clone());
         Cluster { h, nodes }
     }
@@ -238,4 +245,77 @@ async fn abi_1_1_plugin_gets_full_host_lists() {
         assert_eq!(lb.hosts.len(), NODES, "load balancer of {}", lb.service);
         assert!(!lb.hosts.contains(&node_name(7)));
     }
+}
+
+/// The token agreement of docs/abi-1.2.md, through the real loader and the SDK's bookkeeping in
+/// the fake's `.so`: an unknown base is a mismatch that changes nothing, the whole set (base 0)
+/// is applied and names a token, a change against that token is applied, and a full call
+/// (EnsureLoadBalancer) makes the plugin forget it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_name_the_set_the_plugin_applied() {
+    use ccm_host::provider::HostList;
+    let fake: FakeConfig = serde_json::from_value(json!({"incrementalHosts": true})).unwrap();
+    let h = Harness::start("fake", fake).await;
+    let p = &h.provider;
+    let node = |n: &str| -> Node { serde_json::from_value(node_json(n)).unwrap() };
+    let mut svc: Service = serde_json::from_value(svc_json("tok")).unwrap();
+    svc.metadata.uid = Some("uid-tok".into());
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+    let list = |v: &[&Node]| HostList::new(v).unwrap();
+    let hosts = |h: &Harness| {
+        h.cloud()
+            .load_balancer("default/tok")
+            .unwrap()
+            .hosts
+            .clone()
+    };
+    p.ensure_load_balancer("k", &svc, std::slice::from_ref(&a))
+        .await
+        .unwrap();
+    // No token yet: a change against any base is refused, nothing changes.
+    let mismatch = p
+        .update_load_balancer_hosts("k", &svc, 41, 42, &list(&[&b]), &list(&[]))
+        .await
+        .unwrap();
+    assert!(!mismatch);
+    assert_eq!(hosts(&h), ["a"]);
+    // The whole set names token 43.
+    assert!(p
+        .update_load_balancer_hosts("k", &svc, 0, 43, &list(&[&a, &b]), &list(&[]))
+        .await
+        .unwrap());
+    assert_eq!(hosts(&h), ["a", "b"]);
+    // A change against 43 is applied and names 44; 43 is spent.
+    assert!(p
+        .update_load_balancer_hosts("k", &svc, 43, 44, &list(&[&c]), &list(&[&a]))
+        .await
+        .unwrap());
+    assert_eq!(hosts(&h), ["b", "c"]);
+    assert!(!p
+        .update_load_balancer_hosts("k", &svc, 43, 45, &list(&[&a]), &list(&[]))
+        .await
+        .unwrap());
+    assert_eq!(hosts(&h), ["b", "c"]);
+    // After a mismatch the plugin holds no token: the host sends the whole set again.
+    assert!(p
+        .update_load_balancer_hosts("k", &svc, 0, 46, &list(&[&b, &c]), &list(&[]))
+        .await
+        .unwrap());
+    // A full call replaces the set: the token is forgotten.
+    p.ensure_load_balancer("k", &svc, std::slice::from_ref(&a))
+        .await
+        .unwrap();
+    assert!(!p
+        .update_load_balancer_hosts("k", &svc, 46, 47, &list(&[&c]), &list(&[]))
+        .await
+        .unwrap());
+    assert_eq!(hosts(&h), ["a"]);
+    let names: Vec<String> = h
+        .calls()
+        .into_iter()
+        .map(|c| c.call)
+        .filter(|c| c == "update-hosts")
+        .collect();
+    // Mismatches are answered by the SDK without calling the provider's method.
+    assert_eq!(names.len(), 3, "{names:?}");
 }

@@ -804,6 +804,47 @@ fn useful_tail(report: &str) -> String {
 mod tests {
     use super::*;
 
+    extern "C" fn no_register(
+        _: ccm_provider_abi::ext_v1_2::ExtRegistrarV1_2Box,
+    ) -> ccm_provider_abi::abi::AbiResult<()> {
+        abi_stable::std_types::RResult::ROk(())
+    }
+
+    fn ext_v1_2_module() -> PluginExtV1_2_Ref {
+        use abi_stable::prefix_type::PrefixTypeTrait;
+        ext_v1_2::PluginExtV1_2 {
+            abi_version: abi_stable::std_types::RStr::from_str("1.2.0"),
+            register: no_register,
+        }
+        .leak_into_prefix()
+    }
+
+    #[test]
+    fn the_1_2_extension_is_checked_on_its_own_layout() {
+        let path = Path::new("/plugins/libx.so");
+        let ok = ExtV1_2Export {
+            layout: ext_v1_2::expected_layout(),
+            module: ext_v1_2_module(),
+        };
+        let module = check_ext_v1_2(path, ok).expect("the host's own layout passes");
+        assert_eq!(module.abi_version().as_str(), "1.2.0");
+        // A module whose layout is another type's (here the 1.1 module's) is refused with one
+        // line naming what differs.
+        let other = ExtV1_2Export {
+            layout: ext::expected_layout(),
+            module: ext_v1_2_module(),
+        };
+        let Err(err) = check_ext_v1_2(path, other) else {
+            panic!("a foreign layout is refused")
+        };
+        assert!(
+            err.starts_with("its ABI 1.2 extension does not match this host: "),
+            "{err}"
+        );
+        assert!(err.ends_with(&rebuild_advice()), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+
     #[test]
     fn version_policy_same_major_any_minor() {
         assert!(check_version("1.0.0").is_ok());
