@@ -1,6 +1,7 @@
-//! LoadBalancer as one network load balancer (NLB) per Service.
+//! LoadBalancer: a classic ELB per Service by default ([`classic`], the AWS CCM's default), a
+//! network load balancer (NLB) with `aws-load-balancer-type: nlb` (this module).
 //!
-//! For a Service `ns/name` with UID `u` and cluster ID `c`:
+//! For an NLB of a Service `ns/name` with UID `u` and cluster ID `c`:
 //! - the NLB is named `a<u without dashes>` (32 characters; upstream's default name), scheme
 //!   internet-facing unless the Service asks for internal, in one subnet per zone (the
 //!   `aws-load-balancer-subnets` annotation, else the VPC's subnets tagged for the cluster or
@@ -39,6 +40,21 @@ use crate::instances::{key_of, Key};
 use crate::runtime::AwsRuntime;
 use crate::securitygroups::{sync_nlb_rules, NlbRules};
 use crate::tags;
+
+pub mod classic;
+
+pub use classic::ClassicDesired;
+
+/// Whether the load balancer of a Service's name is the Service's: the decision every path
+/// takes before changing or deleting anything.
+pub(crate) enum Ownership<T> {
+    /// There is none.
+    Absent,
+    /// It carries the cluster's `owned` tag and the Service's name tag.
+    Owned(T),
+    /// It exists without them: left alone; the error says so in one line.
+    Foreign(ProviderError),
+}
 
 /// The reason of the Warning event that lists the annotations a Service carries to no effect.
 pub const IGNORED_ANNOTATIONS: &str = "IgnoredAnnotations";
@@ -412,9 +428,17 @@ impl Nlbs {
         Ok(vpc)
     }
 
-    /// Subnets of a new NLB: the annotation's, else discovered as the AWS CCM does.
-    async fn subnets(&self, d: &Desired, vpc: &str, cluster_id: &str) -> Result<Vec<String>> {
-        if let Some(wanted) = &d.subnets {
+    /// Subnets of a load balancer of `service`: `wanted` (the annotation's IDs or Name tags),
+    /// else discovered as the AWS CCM does (`findELBSubnets`).
+    async fn subnets(
+        &self,
+        wanted: Option<&[String]>,
+        internal: bool,
+        service: &str,
+        vpc: &str,
+        cluster_id: &str,
+    ) -> Result<Vec<String>> {
+        if let Some(wanted) = wanted {
             let ids: Vec<String> = wanted
                 .iter()
                 .filter(|s| s.starts_with("subnet-"))
@@ -451,7 +475,7 @@ impl Nlbs {
                     .ok_or_else(|| {
                         ProviderError::other(format!(
                             "service {}: annotation {}: no subnet {w:?} (by ID or Name tag) in {vpc}",
-                            d.service,
+                            service,
                             annotations::SUBNETS
                         ))
                     })?;
@@ -477,7 +501,7 @@ impl Nlbs {
                 return Ok(vec![id.clone()]);
             }
         }
-        if !d.internal {
+        if !internal {
             let tables = self
                 .cx
                 .api
@@ -495,7 +519,7 @@ impl Nlbs {
                 })
             });
         }
-        let role = if d.internal {
+        let role = if internal {
             tags::ROLE_INTERNAL_ELB_TAG
         } else {
             tags::ROLE_ELB_TAG
@@ -535,8 +559,8 @@ impl Nlbs {
         if out.is_empty() {
             return Err(ProviderError::other(format!(
                 "service {}: could not find any suitable subnets for the load balancer in {vpc} (tag {} subnets with {}=1, or set {})",
-                d.service,
-                if d.internal { "private" } else { "public" },
+                service,
+                if internal { "private" } else { "public" },
                 role,
                 annotations::SUBNETS
             )));
@@ -734,8 +758,22 @@ impl Nlbs {
                 (lb, false)
             }
             None => {
+                if self.cx.api.describe_classic(&name).await?.is_some() {
+                    return Err(ProviderError::other(format!(
+                        "service {}: a classic load balancer {name} exists; the load balancer type cannot change (delete and re-create the Service, or remove aws-load-balancer-type: nlb)",
+                        d.service
+                    )));
+                }
                 let vpc = self.vpc(&ids).await?;
-                let subnets = self.subnets(&d, &vpc, &cluster_id).await?;
+                let subnets = self
+                    .subnets(
+                        d.subnets.as_deref(),
+                        d.internal,
+                        &d.service,
+                        &vpc,
+                        &cluster_id,
+                    )
+                    .await?;
                 log::info!(
                     "aws: creating network load balancer {name} for service {} in {}",
                     d.service,
@@ -1040,10 +1078,16 @@ impl LoadBalancer for AwsLoadBalancer {
         _cluster_name: &str,
         service: &Service,
     ) -> Result<Option<LoadBalancerStatus>> {
-        if annotations::handling(service)? == Handling::Elsewhere {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Ok(None);
         }
         let name = annotations::load_balancer_name(service);
+        if handling == Handling::Classic {
+            return self.run(ctx, service, &[], |lb, _, _| async move {
+                lb.classic_status(&name).await
+            });
+        }
         self.run(ctx, service, &[], |lb, _, _| async move {
             Ok(lb
                 .cx
@@ -1070,7 +1114,8 @@ impl LoadBalancer for AwsLoadBalancer {
         service: &Service,
         nodes: &[Node],
     ) -> Result<Option<LoadBalancerStatus>> {
-        if annotations::handling(service)? == Handling::Elsewhere {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
         self.inner.cx.warn_once(
@@ -1080,8 +1125,11 @@ impl LoadBalancer for AwsLoadBalancer {
             &annotations::notices(service),
         );
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, nodes, |lb, svc, nodes| async move {
-            lb.ensure(&cluster, &svc, &nodes).await
+        self.run(ctx, service, nodes, move |lb, svc, nodes| async move {
+            match handling {
+                Handling::Classic => lb.ensure_classic(&cluster, &svc, &nodes).await,
+                _ => lb.ensure(&cluster, &svc, &nodes).await,
+            }
         })
         .map(Some)
     }
@@ -1093,7 +1141,8 @@ impl LoadBalancer for AwsLoadBalancer {
         service: &Service,
         nodes: &[Node],
     ) -> Result<()> {
-        if annotations::handling(service)? == Handling::Elsewhere {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
         self.inner.cx.warn_once(
@@ -1103,8 +1152,11 @@ impl LoadBalancer for AwsLoadBalancer {
             &annotations::notices(service),
         );
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, nodes, |lb, svc, nodes| async move {
-            lb.follow_nodes(&cluster, &svc, &nodes).await
+        self.run(ctx, service, nodes, move |lb, svc, nodes| async move {
+            match handling {
+                Handling::Classic => lb.update_classic(&cluster, &svc, &nodes).await,
+                _ => lb.follow_nodes(&cluster, &svc, &nodes).await,
+            }
         })
     }
 
@@ -1114,12 +1166,16 @@ impl LoadBalancer for AwsLoadBalancer {
         cluster_name: &str,
         service: &Service,
     ) -> Result<()> {
-        if matches!(annotations::handling(service), Ok(Handling::Elsewhere)) {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Ok(());
         }
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, &[], |lb, svc, _| async move {
-            lb.delete(&cluster, &svc).await
+        self.run(ctx, service, &[], move |lb, svc, _| async move {
+            match handling {
+                Handling::Classic => lb.delete_classic(&cluster, &svc).await,
+                _ => lb.delete(&cluster, &svc).await,
+            }
         })
     }
 
@@ -1130,8 +1186,12 @@ impl LoadBalancer for AwsLoadBalancer {
         service: &Service,
     ) -> Result<Option<Vec<String>>> {
         let cluster = cluster_name.to_string();
-        let Some(ids) = self.run(ctx, service, &[], |lb, svc, _| async move {
-            lb.hosts(&cluster, &svc).await
+        let handling = annotations::handling(service)?;
+        let Some(ids) = self.run(ctx, service, &[], move |lb, svc, _| async move {
+            match handling {
+                Handling::Classic => lb.classic_hosts(&cluster, &svc).await,
+                _ => lb.hosts(&cluster, &svc).await,
+            }
         })?
         else {
             return Ok(None);

@@ -160,11 +160,18 @@ async fn a_stopped_instance_is_tainted_and_a_terminated_one_deletes_its_node() {
 
 // ---- Load balancers ---------------------------------------------------------------------------
 
+/// A LoadBalancer Service with a TCP and a UDP port, an NLB (`aws-load-balancer-type: nlb`
+/// unless `annotations` give another type).
 fn lb_service(
     name: &str,
-    annotations: serde_json::Value,
+    mut annotations: serde_json::Value,
     extra_spec: serde_json::Value,
 ) -> Service {
+    annotations
+        .as_object_mut()
+        .expect("annotations are an object")
+        .entry("service.beta.kubernetes.io/aws-load-balancer-type")
+        .or_insert(json!("nlb"));
     let mut s = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": "default", "annotations": annotations},
@@ -1572,4 +1579,467 @@ async fn source_ranges_end_as_exactly_those_cidrs_on_the_nodes_security_group() 
         "{rules:?}"
     );
     assert!(rules.contains(&manual), "{rules:?}");
+}
+
+// ---- Classic ELB ------------------------------------------------------------------------------
+
+/// A LoadBalancer Service without a type annotation (a classic ELB), two TCP ports.
+fn classic_service(
+    name: &str,
+    annotations: serde_json::Value,
+    extra_spec: serde_json::Value,
+) -> Service {
+    let mut s = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": {"app": name},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080},
+                {"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP", "nodePort": 30443},
+            ],
+        },
+    });
+    merge(&mut s, json!({"spec": extra_spec}));
+    serde_json::from_value(s).unwrap()
+}
+
+/// The security group `id` as described (`None`: gone).
+async fn security_group(
+    env: &AwsEnv,
+    id: &str,
+) -> Option<ccm_provider_aws::api::ec2::SecurityGroup> {
+    let v = [env.cloud.vpc.clone()];
+    env.api
+        .describe_security_groups(&[("vpc-id", &v[..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|g| g.id == id)
+}
+
+/// Create a security group in the test VPC (untagged), return its ID.
+async fn make_group(env_api: &ccm_provider_aws::api::AwsClient, vpc: &str, name: &str) -> String {
+    first(
+        &ec2(
+            env_api,
+            "CreateSecurityGroup",
+            &[
+                ("GroupName", name),
+                ("GroupDescription", "made by the test"),
+                ("VpcId", vpc),
+            ],
+        )
+        .await,
+        "groupId",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_without_a_type_gets_a_classic_elb_with_its_security_group_and_leaves_nothing_behind(
+) {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let mut instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    instances.extend(run_instances(&env.api, &env.cloud, 1, 1, "m5.large").await);
+    let names = ready_nodes(&env, &instances);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    // A rule of someone else's on the nodes' group: never touched.
+    ec2(
+        &env.api,
+        "AuthorizeSecurityGroupIngress",
+        &[
+            ("GroupId", &node_sg),
+            ("IpPermissions.1.IpProtocol", "tcp"),
+            ("IpPermissions.1.FromPort", "22"),
+            ("IpPermissions.1.ToPort", "22"),
+            ("IpPermissions.1.IpRanges.1.CidrIp", "203.0.113.0/24"),
+        ],
+    )
+    .await;
+    let foreign_rules = sg_rules(&env, &node_sg).await;
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let a = |k: &str| format!("service.beta.kubernetes.io/aws-load-balancer-{k}");
+    env.proxy.clear_counts();
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service(
+                "shop",
+                json!({
+                    a("additional-resource-tags"): "team=shop",
+                    a("cross-zone-load-balancing-enabled"): "true",
+                    a("connection-draining-enabled"): "true",
+                    a("connection-draining-timeout"): "30",
+                    a("connection-idle-timeout"): "120",
+                    a("proxy-protocol"): "*",
+                    a("healthcheck-interval"): "20",
+                }),
+                json!({"loadBalancerSourceRanges": ["10.1.0.0/16", "192.168.5.0/24"]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let hostname = eventually_async("the Service's ingress hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "shop").await)
+    })
+    .await;
+    let ensure_calls = env.proxy.counts();
+    let svc = stored_service(&env, "shop").await;
+    let name = lb_name_of(&svc);
+    let lb = env
+        .api
+        .describe_classic(&name)
+        .await
+        .unwrap()
+        .expect("the classic ELB exists");
+    assert!(
+        env.api
+            .describe_load_balancer(&name)
+            .await
+            .unwrap()
+            .is_none(),
+        "no NLB"
+    );
+    assert_eq!(lb.dns_name, hostname);
+    assert_eq!(lb.scheme, "internet-facing");
+    let mut subnets = lb.subnets.clone();
+    subnets.sort();
+    let mut want_subnets: Vec<String> = env.cloud.subnets.iter().map(|(_, s)| s.clone()).collect();
+    want_subnets.sort();
+    assert_eq!(subnets, want_subnets, "one subnet per zone");
+    // Listeners Service port → NodePort over TCP, the health check on the first NodePort with
+    // the AWS CCM's classic defaults (2/6/5 s) and the annotated interval.
+    let mut listeners: Vec<(u16, String, u16, String)> = lb
+        .listeners
+        .iter()
+        .map(|(l, _)| {
+            (
+                l.port,
+                l.protocol.to_ascii_lowercase(),
+                l.instance_port,
+                l.instance_protocol.to_ascii_lowercase(),
+            )
+        })
+        .collect();
+    listeners.sort();
+    assert_eq!(
+        listeners,
+        vec![
+            (80, "tcp".into(), 30080, "tcp".into()),
+            (443, "tcp".into(), 30443, "tcp".into())
+        ]
+    );
+    let hc = lb.health_check.clone().expect("a health check");
+    assert_eq!(
+        (
+            hc.target.as_str(),
+            hc.healthy_threshold,
+            hc.unhealthy_threshold,
+            hc.timeout,
+            hc.interval
+        ),
+        ("TCP:30080", 2, 6, 5, 20)
+    );
+    let ids: BTreeSet<String> = instances.iter().map(|i| i.id.clone()).collect();
+    assert_eq!(lb.instances.iter().cloned().collect::<BTreeSet<_>>(), ids);
+    let attrs = env.api.classic_attributes(&name).await.unwrap();
+    assert!(attrs.cross_zone && attrs.draining && !attrs.access_log);
+    assert_eq!(
+        (attrs.draining_timeout, attrs.idle_timeout),
+        (Some(30), 120)
+    );
+    // Proxy protocol on both backends through the AWS CCM's policy.
+    assert!(lb
+        .policies
+        .contains(&"k8s-proxyprotocol-enabled".to_string()));
+    for port in [30080u16, 30443] {
+        assert_eq!(
+            lb.backend_policies.get(&port).cloned().unwrap_or_default(),
+            vec!["k8s-proxyprotocol-enabled".to_string()],
+            "backend {port}"
+        );
+    }
+    let tags = env
+        .api
+        .classic_tags(std::slice::from_ref(&name))
+        .await
+        .unwrap()
+        .remove(&name)
+        .unwrap();
+    assert_eq!(
+        tags.get(&format!("kubernetes.io/cluster/{CLUSTER}"))
+            .map(String::as_str),
+        Some("owned")
+    );
+    assert_eq!(
+        tags.get("kubernetes.io/service-name").map(String::as_str),
+        Some("default/shop")
+    );
+    assert_eq!(tags.get("team").map(String::as_str), Some("shop"));
+
+    // The per-ELB security group as the AWS CCM makes it: name, description, tags (no
+    // service-name), ingress exactly the Service ports and ICMP 3/4 from the source ranges.
+    assert_eq!(lb.security_groups.len(), 1);
+    let elb_sg = security_group(&env, &lb.security_groups[0])
+        .await
+        .expect("the ELB's group");
+    assert_eq!(elb_sg.name, format!("k8s-elb-{name}"));
+    assert_eq!(
+        elb_sg.description,
+        format!("Security group for Kubernetes ELB {name} (default/shop)")
+    );
+    assert_eq!(
+        elb_sg
+            .tags
+            .get(&format!("kubernetes.io/cluster/{CLUSTER}"))
+            .map(String::as_str),
+        Some("owned")
+    );
+    assert_eq!(elb_sg.tags.get("team").map(String::as_str), Some("shop"));
+    assert!(!elb_sg.tags.contains_key("kubernetes.io/service-name"));
+    let rules: BTreeSet<String> = elb_sg
+        .ingress
+        .iter()
+        .map(|r| {
+            format!(
+                "{}:{}-{}:{}:{}",
+                r.protocol, r.from, r.to, r.cidr, r.description
+            )
+        })
+        .collect();
+    let mut want = BTreeSet::new();
+    for cidr in ["10.1.0.0/16", "192.168.5.0/24"] {
+        want.insert(format!("tcp:80-80:{cidr}:"));
+        want.insert(format!("tcp:443-443:{cidr}:"));
+        want.insert(format!("icmp:3-4:{cidr}:"));
+    }
+    assert_eq!(rules, want);
+    // The nodes' group allows the ELB's group (all traffic, no description).
+    let node_group = security_group(&env, &node_sg).await.unwrap();
+    assert!(
+        node_group
+            .from_groups
+            .iter()
+            .any(|r| r.group_id == elb_sg.id && r.protocol == "-1"),
+        "{node_group:?}"
+    );
+    println!("classic ensure calls: {ensure_calls:?}");
+
+    // The host-set read-back.
+    let cloud = in_process(&env).await;
+    let svc2 = svc.clone();
+    let hosts = tokio::task::spawn_blocking(move || {
+        use ccm_provider_abi::sdk::CloudProvider;
+        cloud.load_balancer().unwrap().load_balancer_hosts(
+            &ccm_provider_abi::CallContext::background(),
+            CLUSTER,
+            &svc2,
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap()
+    .expect("the ELB exists");
+    let mut want_hosts = names.clone();
+    want_hosts.sort();
+    assert_eq!(hosts, want_hosts);
+
+    // Instances follow the nodes: a new one registered, a deleted one deregistered.
+    let more = run_instances(&env.api, &env.cloud, 1, 1, "m5.large").await;
+    ready_nodes(&env, &more);
+    let with_new: BTreeSet<String> = ids.iter().cloned().chain([more[0].id.clone()]).collect();
+    eventually_async("the new node registered", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        (lb.instances.iter().cloned().collect::<BTreeSet<_>>() == with_new).then_some(())
+    })
+    .await;
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .delete(&names[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the deleted node deregistered", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        (!lb.instances.contains(&instances[0].id) && lb.instances.len() == 3).then_some(())
+    })
+    .await;
+
+    // New source ranges: the ELB's group allows exactly those.
+    services
+        .patch(
+            "shop",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"loadBalancerSourceRanges": ["172.16.0.0/12"]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually_async("only the new range in the ELB's group", WAIT, || async {
+        let g = security_group(&env, &elb_sg.id).await?;
+        let cidrs: BTreeSet<&str> = g.ingress.iter().map(|r| r.cidr.as_str()).collect();
+        (cidrs == BTreeSet::from(["172.16.0.0/12"]) && g.ingress.len() == 3).then_some(())
+    })
+    .await;
+
+    // Deletion: the ELB, its group and the nodes' rule gone; the foreign rule kept. The first
+    // DeleteSecurityGroup answers DependencyViolation (the ELB's interfaces still there on
+    // AWS; moto never says so): the deletion tries again.
+    env.proxy.clear_counts();
+    env.proxy
+        .fail_next(1, "DeleteSecurityGroup", "DependencyViolation");
+    services
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the Service gone (finalizer removed)", WAIT, || async {
+        services
+            .get_opt("shop")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let delete_calls = env.proxy.counts();
+    println!("classic delete calls: {delete_calls:?}");
+    assert!(env.api.describe_classic(&name).await.unwrap().is_none());
+    assert!(
+        security_group(&env, &elb_sg.id).await.is_none(),
+        "the ELB's group deleted"
+    );
+    assert_eq!(delete_calls.get("!DependencyViolation"), Some(&1));
+    assert_eq!(delete_calls.get("DeleteSecurityGroup"), Some(&2));
+    let node_group = security_group(&env, &node_sg).await.unwrap();
+    assert!(node_group.from_groups.is_empty(), "{node_group:?}");
+    assert_eq!(sg_rules(&env, &node_sg).await, foreign_rules);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_security_groups_from_annotations_and_config_are_used_and_never_deleted() {
+    let moto = shared_moto();
+    let api = direct_client(&moto.moto.url());
+    let cloud = make_cloud(&api).await;
+    let global = make_group(&api, &cloud.vpc, "global-elb").await;
+    let annotated = make_group(&api, &cloud.vpc, "annotated").await;
+    let extra = make_group(&api, &cloud.vpc, "extra").await;
+    let env = AwsEnv::on_cloud(
+        moto.moto,
+        api,
+        cloud,
+        EnvOptions {
+            extra_global: format!(
+                "ElbSecurityGroup = {global}\nDisableSecurityGroupIngress = true"
+            ),
+            ..Default::default()
+        },
+    )
+    .await;
+    let instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    let groups_before: Vec<_> = futures_all(&env, &[&global, &annotated, &extra, &node_sg]).await;
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let a = |k: &str| format!("service.beta.kubernetes.io/aws-load-balancer-{k}");
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service("global", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service(
+                "annotated",
+                json!({a("security-groups"): annotated.clone(), a("extra-security-groups"): extra.clone()}),
+                json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+    for name in ["global", "annotated"] {
+        eventually_async(&format!("{name}'s hostname"), WAIT, || async {
+            ingress_hostname(&stored_service(&env, name).await)
+        })
+        .await;
+    }
+    let lb = |n: &str| {
+        let api = &env.api;
+        let n = n.to_string();
+        async move { api.describe_classic(&n).await.unwrap().unwrap() }
+    };
+    let g_name = lb_name_of(&stored_service(&env, "global").await);
+    let a_name = lb_name_of(&stored_service(&env, "annotated").await);
+    assert_eq!(lb(&g_name).await.security_groups, vec![global.clone()]);
+    assert_eq!(
+        lb(&a_name).await.security_groups,
+        vec![annotated.clone(), extra.clone()]
+    );
+    // No per-ELB group made; the given groups and the nodes' group unchanged
+    // (DisableSecurityGroupIngress: no node rule).
+    let all_names: Vec<String> = env
+        .api
+        .describe_security_groups(&[("vpc-id", &[env.cloud.vpc.clone()][..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert!(
+        !all_names.iter().any(|n| n.starts_with("k8s-elb-")),
+        "{all_names:?}"
+    );
+    assert_eq!(
+        futures_all(&env, &[&global, &annotated, &extra, &node_sg]).await,
+        groups_before
+    );
+    for name in ["global", "annotated"] {
+        services
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for name in ["global", "annotated"] {
+        eventually_async(&format!("{name} gone"), WAIT, || async {
+            services
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+    assert!(env.api.describe_classic(&g_name).await.unwrap().is_none());
+    assert!(env.api.describe_classic(&a_name).await.unwrap().is_none());
+    assert_eq!(
+        futures_all(&env, &[&global, &annotated, &extra, &node_sg]).await,
+        groups_before,
+        "the given groups are never changed or deleted"
+    );
+}
+
+/// The groups `ids` as described (`None` for a missing one).
+async fn futures_all(
+    env: &AwsEnv,
+    ids: &[&String],
+) -> Vec<Option<ccm_provider_aws::api::ec2::SecurityGroup>> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(security_group(env, id).await);
+    }
+    out
 }
