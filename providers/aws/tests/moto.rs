@@ -2043,3 +2043,178 @@ async fn futures_all(
     }
     out
 }
+
+/// What the AWS CCM's `ensureLoadBalancer` (`pkg/providers/v1/aws_loadbalancer.go`, classic
+/// path) leaves for a Service with two TCP ports and no annotation, made with boto3 from
+/// that code, not from this provider's: the per-ELB group (`ensureSecurityGroup` with its
+/// name, description and cluster tag; `setSecurityGroupIngress`: each port and ICMP 3/4 from
+/// `0.0.0.0/0`), the ELB (`buildListener` tcp/tcp listeners, the cluster subnets, the group,
+/// the ownership tags; no `Scheme` when internet-facing), `ensureLoadBalancerHealthCheck`
+/// (`TCP:<first NodePort>`, 2/6/5/10), the default attributes, the instances, and
+/// `updateInstanceSecurityGroupsForLoadBalancer` (all traffic from the ELB's group on the
+/// nodes' group).
+const AWS_CCM_CLASSIC_SETUP: &str = r#"
+import sys, boto3
+url, cluster, lb, svc, vpc, node_sg = sys.argv[1:7]
+subnets = sys.argv[7].split(",")
+instances = sys.argv[8].split(",")
+ec2 = boto3.client("ec2", endpoint_url=url, region_name="us-east-1")
+elb = boto3.client("elb", endpoint_url=url, region_name="us-east-1")
+cluster_tag = {"Key": "kubernetes.io/cluster/" + cluster, "Value": "owned"}
+sg = ec2.create_security_group(GroupName="k8s-elb-" + lb, VpcId=vpc,
+    Description="Security group for Kubernetes ELB %s (%s)" % (lb, svc))["GroupId"]
+ec2.create_tags(Resources=[sg], Tags=[cluster_tag])
+perms = [{"IpProtocol": "tcp", "FromPort": p, "ToPort": p, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]} for p in (80, 443)]
+perms.append({"IpProtocol": "icmp", "FromPort": 3, "ToPort": 4, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]})
+ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=perms)
+elb.create_load_balancer(LoadBalancerName=lb,
+    Listeners=[{"Protocol": "tcp", "LoadBalancerPort": 80, "InstanceProtocol": "tcp", "InstancePort": 30080},
+               {"Protocol": "tcp", "LoadBalancerPort": 443, "InstanceProtocol": "tcp", "InstancePort": 30443}],
+    Subnets=subnets, SecurityGroups=[sg],
+    Tags=[{"Key": "kubernetes.io/service-name", "Value": svc}, cluster_tag])
+elb.configure_health_check(LoadBalancerName=lb, HealthCheck={"Target": "TCP:30080",
+    "HealthyThreshold": 2, "UnhealthyThreshold": 6, "Timeout": 5, "Interval": 10})
+elb.modify_load_balancer_attributes(LoadBalancerName=lb, LoadBalancerAttributes={
+    "CrossZoneLoadBalancing": {"Enabled": False}, "AccessLog": {"Enabled": False},
+    "ConnectionDraining": {"Enabled": False}, "ConnectionSettings": {"IdleTimeout": 60}})
+elb.register_instances_with_load_balancer(LoadBalancerName=lb, Instances=[{"InstanceId": i} for i in instances])
+ec2.authorize_security_group_ingress(GroupId=node_sg, IpPermissions=[{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg}]}])
+print(sg)
+"#;
+
+/// The classic ELB state adoption must not change: the ELB (but its instances) and every
+/// security group of the VPC with its rules.
+async fn classic_state(env: &AwsEnv, name: &str) -> (String, Vec<String>) {
+    let mut lb = env
+        .api
+        .describe_classic(name)
+        .await
+        .unwrap()
+        .expect("the ELB");
+    lb.instances.clear();
+    let attrs = env.api.classic_attributes(name).await.unwrap();
+    let tags = env.api.classic_tags(&[name.to_string()]).await.unwrap();
+    let v = [env.cloud.vpc.clone()];
+    let mut groups: Vec<String> = env
+        .api
+        .describe_security_groups(&[("vpc-id", &v[..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|mut g| {
+            g.ingress.sort();
+            g.from_groups.sort();
+            format!("{g:?}")
+        })
+        .collect();
+    groups.sort();
+    (format!("{lb:?} {attrs:?} {tags:?}"), groups)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_elb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anything() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 3, 0, "m5.large").await;
+    ready_nodes(&env, &instances[..2]);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    // The Service the AWS CCM served: it exists before ccm-host starts.
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let svc = services
+        .create(
+            &PostParams::default(),
+            &classic_service("legacy", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    let uid = svc.metadata.uid.clone().unwrap().replace('-', "");
+    let lb_name: String = format!("a{uid}").chars().take(32).collect();
+    let python = moto_server_path().parent().unwrap().join("python");
+    let subnets: Vec<String> = env.cloud.subnets.iter().map(|(_, s)| s.clone()).collect();
+    let ids: Vec<String> = instances[..2].iter().map(|i| i.id.clone()).collect();
+    let out = std::process::Command::new(python)
+        .arg("-c")
+        .arg(AWS_CCM_CLASSIC_SETUP)
+        .args([
+            &moto.moto.url(),
+            CLUSTER,
+            &lb_name,
+            "default/legacy",
+            &env.cloud.vpc,
+            &node_sg,
+            &subnets.join(","),
+            &ids.join(","),
+        ])
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env_remove("AWS_PROFILE")
+        .output()
+        .expect("python of the moto venv");
+    assert!(
+        out.status.success(),
+        "boto3 set-up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let elb_sg = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let before = classic_state(&env, &lb_name).await;
+
+    // ccm-host takes over (same cluster ID): the Service gets the existing ELB's hostname.
+    env.proxy.clear_counts();
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let lb = env.api.describe_classic(&lb_name).await.unwrap().unwrap();
+    let hostname = eventually_async(
+        "the adopted ELB's hostname on the Service",
+        WAIT,
+        || async { ingress_hostname(&stored_service(&env, "legacy").await) },
+    )
+    .await;
+    assert_eq!(hostname, lb.dns_name);
+    let adopt_calls = env.proxy.counts();
+    // Instances are then maintained: a new node is registered.
+    ready_nodes(&env, &instances[2..3]);
+    let all_ids: BTreeSet<String> = instances.iter().map(|i| i.id.clone()).collect();
+    eventually_async("the new node registered", WAIT, || async {
+        let lb = env.api.describe_classic(&lb_name).await.unwrap()?;
+        (lb.instances.iter().cloned().collect::<BTreeSet<_>>() == all_ids).then_some(())
+    })
+    .await;
+    assert_eq!(
+        classic_state(&env, &lb_name).await,
+        before,
+        "nothing created, changed or deleted"
+    );
+    let counts = env.proxy.counts();
+    let changed: Vec<(&String, &u64)> = counts
+        .iter()
+        .filter(|(k, _)| {
+            [
+                "Create",
+                "Delete",
+                "Modify",
+                "Authorize",
+                "Revoke",
+                "Configure",
+                "Apply",
+                "Set",
+                "Attach",
+                "Detach",
+                "Add",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p))
+        })
+        .collect();
+    assert!(changed.is_empty(), "changes: {counts:?}");
+    assert_eq!(counts.get("RegisterInstancesWithLoadBalancer"), Some(&1));
+    let groups = env
+        .api
+        .describe_security_groups(&[("vpc-id", &[env.cloud.vpc.clone()][..])])
+        .await
+        .unwrap();
+    assert!(groups.iter().any(|g| g.id == elb_sg));
+    println!("classic adoption calls: {adopt_calls:?}");
+}
