@@ -5,9 +5,10 @@
 //! As in the AWS CCM, a key this provider does not read (a typo, an AWS Load Balancer
 //! Controller key such as `aws-load-balancer-nlb-target-type`, a classic-ELB key) is ignored:
 //! [`notices`] lists them for one Warning event per Service. An invalid value of a key it reads
-//! is one error naming the key; it stops the configuration change (the host publishes it as a
-//! Warning event and retries), never the target updates: [`target_node_labels`] is read
-//! leniently, so the targets follow the nodes whatever else the Service says.
+//! is one error naming the key; the load balancer then keeps that key's last valid value
+//! (`AwsLoadBalancer::effective_service`), so it blocks only its own change; it never stops the
+//! target updates: [`target_node_labels`] is read leniently, so the targets follow the nodes
+//! whatever else the Service says.
 //!
 //! The table of supported keys is in `docs/aws-provider.md`.
 
@@ -307,6 +308,19 @@ pub fn notices(service: &Service) -> Vec<String> {
         }
     }
     out
+}
+
+/// The annotations of `service` that shape its load balancer: every `aws-load-balancer-*` key
+/// and `load-balancer-source-ranges`.
+pub fn load_balancer_annotations(service: &Service) -> BTreeMap<String, String> {
+    service
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(PREFIX) || k == SOURCE_RANGES)
+        .collect()
 }
 
 /// `aws-load-balancer-target-node-labels`, read leniently (parts without a key are skipped):

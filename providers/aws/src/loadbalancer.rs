@@ -56,6 +56,10 @@ pub(crate) enum Ownership<T> {
     Foreign(ProviderError),
 }
 
+/// The reason of the Warning event that lists the invalid annotation values kept out of a
+/// change (their last valid value stays in effect).
+pub const INVALID_ANNOTATIONS: &str = "InvalidAnnotations";
+
 /// The reason of the Warning event that lists the annotations a Service carries to no effect.
 pub const IGNORED_ANNOTATIONS: &str = "IgnoredAnnotations";
 
@@ -206,6 +210,62 @@ fn not_owned(name: &str, service: &str, cluster_id: &str) -> ProviderError {
 }
 
 impl AwsLoadBalancer {
+    /// `service` as its load balancer is to be made: an annotation whose value is invalid is
+    /// replaced by its last valid value (or left out if it was absent then), so that it blocks
+    /// only its own change; one line per such key for the `InvalidAnnotations` event. A key
+    /// whose last valid value this process does not know (nothing applied since it started),
+    /// and an error no annotation is named in, are left for the ensure to report: then nothing
+    /// but the targets changes until the Service is fixed.
+    fn effective_service(&self, service: &Service, handling: Handling) -> (Service, Vec<String>) {
+        let probe = &self.inner.cx.config.health_probe_mode;
+        let check = |s: &Service| -> Result<()> {
+            match handling {
+                Handling::Classic => ClassicDesired::from_service(s, probe).map(drop),
+                _ => Desired::from_service(s, probe).map(drop),
+            }
+        };
+        let mut effective = service.clone();
+        let mut lines = Vec::new();
+        let keys = annotations::load_balancer_annotations(service).len();
+        for _ in 0..keys {
+            let e = match check(&effective) {
+                Ok(()) => break,
+                Err(e) => e,
+            };
+            if e.kind() == ErrorKind::IMPLEMENTED_ELSEWHERE {
+                break;
+            }
+            let msg = e.message().to_string();
+            let current = annotations::load_balancer_annotations(&effective);
+            let Some(key) = current
+                .keys()
+                .find(|k| msg.contains(&format!("{k}=")))
+                .or_else(|| current.keys().find(|k| msg.contains(k.as_str())))
+                .cloned()
+            else {
+                break;
+            };
+            let Some(good) = self.inner.cx.applied_value(service, &key) else {
+                break;
+            };
+            if good.as_ref() == current.get(&key) {
+                break;
+            }
+            lines.push(match &good {
+                Some(v) => {
+                    format!("{msg}; its last valid value {v:?} stays in effect until it is fixed")
+                }
+                None => format!("{msg}; it is left out (as before it was set) until it is fixed"),
+            });
+            let a = effective.metadata.annotations.get_or_insert_default();
+            match good {
+                Some(v) => a.insert(key, v),
+                None => a.remove(&key),
+            };
+        }
+        (effective, lines)
+    }
+
     /// The load balancer over the provider's context and runtime.
     pub fn new(cx: Arc<AwsContext>, rt: Arc<AwsRuntime>) -> Self {
         Self {
@@ -1124,14 +1184,19 @@ impl LoadBalancer for AwsLoadBalancer {
             IGNORED_ANNOTATIONS,
             &annotations::notices(service),
         );
+        let (effective, invalid) = self.effective_service(service, handling);
+        self.inner
+            .cx
+            .warn_once(ctx, service, INVALID_ANNOTATIONS, &invalid);
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, nodes, move |lb, svc, nodes| async move {
+        let status = self.run(ctx, &effective, nodes, move |lb, svc, nodes| async move {
             match handling {
                 Handling::Classic => lb.ensure_classic(&cluster, &svc, &nodes).await,
                 _ => lb.ensure(&cluster, &svc, &nodes).await,
             }
-        })
-        .map(Some)
+        })?;
+        self.inner.cx.remember_applied(&effective);
+        Ok(Some(status))
     }
 
     fn update_load_balancer(
@@ -1151,8 +1216,9 @@ impl LoadBalancer for AwsLoadBalancer {
             IGNORED_ANNOTATIONS,
             &annotations::notices(service),
         );
+        let (effective, _) = self.effective_service(service, handling);
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, nodes, move |lb, svc, nodes| async move {
+        self.run(ctx, &effective, nodes, move |lb, svc, nodes| async move {
             match handling {
                 Handling::Classic => lb.update_classic(&cluster, &svc, &nodes).await,
                 _ => lb.follow_nodes(&cluster, &svc, &nodes).await,
@@ -1176,7 +1242,9 @@ impl LoadBalancer for AwsLoadBalancer {
                 Handling::Classic => lb.delete_classic(&cluster, &svc).await,
                 _ => lb.delete(&cluster, &svc).await,
             }
-        })
+        })?;
+        self.inner.cx.forget_applied(service);
+        Ok(())
     }
 
     fn load_balancer_hosts(

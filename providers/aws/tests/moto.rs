@@ -2218,3 +2218,88 @@ async fn a_classic_elb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_
     assert!(groups.iter().any(|g| g.id == elb_sg));
     println!("classic adoption calls: {adopt_calls:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_annotation_value_blocks_only_its_own_change() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    ready_nodes(&env, &instances[..1]);
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let interval = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval";
+    let cross_zone =
+        "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled";
+    let idle = "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service("tuned", json!({interval: "20"}), json!({})),
+        )
+        .await
+        .unwrap();
+    eventually_async("tuned's hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "tuned").await)
+    })
+    .await;
+    let name = lb_name_of(&stored_service(&env, "tuned").await);
+    let lb = env.api.describe_classic(&name).await.unwrap().unwrap();
+    assert_eq!(lb.health_check.unwrap().interval, 20);
+
+    // One invalid value and two valid changes at once, and a new node.
+    services
+        .patch(
+            "tuned",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {interval: "soon", cross_zone: "true", idle: "90"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    ready_nodes(&env, &instances[1..2]);
+    eventually_async(
+        "the valid changes applied and the new node registered",
+        WAIT,
+        || async {
+            let a = env.api.classic_attributes(&name).await.unwrap();
+            let lb = env.api.describe_classic(&name).await.unwrap()?;
+            (a.cross_zone && a.idle_timeout == 90 && lb.instances.len() == 2).then_some(())
+        },
+    )
+    .await;
+    // The invalid key's own change is held back: the interval stays the last valid one.
+    let lb = env.api.describe_classic(&name).await.unwrap().unwrap();
+    assert_eq!(lb.health_check.unwrap().interval, 20);
+    let warned = events_of(&env, "tuned", "InvalidAnnotations");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(warned[0]["type"], "Warning");
+    let m = warned[0]["message"].as_str().unwrap();
+    assert!(
+        m.contains(interval) && m.contains("\"soon\"") && m.contains("\"20\""),
+        "{m}"
+    );
+    assert!(
+        events_of(&env, "tuned", "SyncLoadBalancerFailed").is_empty(),
+        "the ensure itself succeeds"
+    );
+
+    // Fixed: the change goes through.
+    services
+        .patch(
+            "tuned",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {interval: "30"}}})),
+        )
+        .await
+        .unwrap();
+    eventually_async("the fixed interval applied", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        (lb.health_check?.interval == 30).then_some(())
+    })
+    .await;
+    assert_eq!(events_of(&env, "tuned", "InvalidAnnotations").len(), 1);
+}
