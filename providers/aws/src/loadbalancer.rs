@@ -297,11 +297,15 @@ impl AwsLoadBalancer {
 }
 
 impl Nlbs {
-    /// The NLB named `name`, if it exists and is this Service's; an error if it exists and is
-    /// not.
-    async fn owned(&self, name: &str, cluster_id: &str, service: &str) -> Result<Option<Nlb>> {
+    /// The NLB named `name` and whether it is the Service's.
+    async fn ownership(
+        &self,
+        name: &str,
+        cluster_id: &str,
+        service: &str,
+    ) -> Result<Ownership<Nlb>> {
         let Some(lb) = self.cx.api.describe_load_balancer(name).await? else {
-            return Ok(None);
+            return Ok(Ownership::Absent);
         };
         let tags = self
             .cx
@@ -310,9 +314,9 @@ impl Nlbs {
             .await?;
         let empty = BTreeMap::new();
         if !tags::is_owned_by(tags.get(&lb.arn).unwrap_or(&empty), cluster_id, service) {
-            return Err(not_owned(name, service, cluster_id));
+            return Ok(Ownership::Foreign(not_owned(name, service, cluster_id)));
         }
-        Ok(Some(lb))
+        Ok(Ownership::Owned(lb))
     }
 
     /// The listeners of `lb_arn` and its target groups: those AWS lists for the load balancer
@@ -803,9 +807,10 @@ impl Nlbs {
         let mut resource_tags = d.additional_tags.clone();
         resource_tags.extend(tags::owned_tags(&cluster_id, &d.service));
 
-        let existing = self.owned(&name, &cluster_id, &d.service).await?;
+        let existing = self.ownership(&name, &cluster_id, &d.service).await?;
         let (lb, created) = match existing {
-            Some(lb) => {
+            Ownership::Foreign(e) => return Err(e),
+            Ownership::Owned(lb) => {
                 let internal = lb.scheme == "internal";
                 if internal != d.internal {
                     return Err(ProviderError::other(format!(
@@ -817,7 +822,7 @@ impl Nlbs {
                 }
                 (lb, false)
             }
-            None => {
+            Ownership::Absent => {
                 if self.cx.api.describe_classic(&name).await?.is_some() {
                     return Err(ProviderError::other(format!(
                         "service {}: a classic load balancer {name} exists; the load balancer type cannot change (delete and re-create the Service, or remove aws-load-balancer-type: nlb)",
@@ -980,10 +985,14 @@ impl Nlbs {
         let key = annotations::service_key(service);
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
-        let Some(lb) = self.owned(&name, &cluster_id, &key).await? else {
-            return Err(ProviderError::not_found(format!(
-                "service {key}: load balancer {name} does not exist"
-            )));
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => lb,
+            Ownership::Absent => {
+                return Err(ProviderError::not_found(format!(
+                    "service {key}: load balancer {name} does not exist"
+                )))
+            }
+            Ownership::Foreign(e) => return Err(e),
         };
         let labels = annotations::target_node_labels(service);
         let targets: Vec<Node> = nodes
@@ -1008,15 +1017,14 @@ impl Nlbs {
         let key = annotations::service_key(service);
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
-        let lb = match self.owned(&name, &cluster_id, &key).await {
-            Ok(lb) => lb,
-            Err(e)
-                if e.kind() == ErrorKind::OTHER && e.message().contains("was not created by") =>
-            {
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => Some(lb),
+            Ownership::Absent => None,
+            // Not this Service's: deleting the Service leaves it in place.
+            Ownership::Foreign(e) => {
                 log::warn!("aws: {e}");
                 return Ok(());
             }
-            Err(e) => return Err(e),
         };
         let mut groups: Vec<TargetGroup> = Vec::new();
         if let Some(lb) = &lb {
@@ -1113,8 +1121,10 @@ impl Nlbs {
         let key = annotations::service_key(service);
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
-        let Some(lb) = self.owned(&name, &cluster_id, &key).await? else {
-            return Ok(None);
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => lb,
+            Ownership::Absent => return Ok(None),
+            Ownership::Foreign(e) => return Err(e),
         };
         let mut ids = BTreeSet::new();
         for tg in self.cx.api.target_groups_of(&lb.arn).await? {
