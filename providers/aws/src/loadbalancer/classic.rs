@@ -928,9 +928,13 @@ impl Nlbs {
                         .await?,
                 );
             }
-            if let Some(g) = find_group(&self.cx, &elb_group_name(&name), vpc).await? {
-                if !candidates.iter().any(|c| c.id == g.id) && !keep.contains(&g.id) {
-                    candidates.push(g);
+            // (Not asked again when the ELB's groups include it.)
+            let own = elb_group_name(&name);
+            if !candidates.iter().any(|c| c.name == own) {
+                if let Some(g) = find_group(&self.cx, &own, vpc).await? {
+                    if !keep.contains(&g.id) {
+                        candidates.push(g);
+                    }
                 }
             }
             // The nodes' rules referencing the groups about to go (all groups of the VPC, so
