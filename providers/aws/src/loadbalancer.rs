@@ -38,7 +38,7 @@ use crate::api::elbv2::{
 use crate::cloud::AwsContext;
 use crate::instances::{key_of, Key};
 use crate::runtime::AwsRuntime;
-use crate::securitygroups::{sync_nlb_rules, NlbRules};
+use crate::securitygroups::{sync_nlb_rules, NlbRules, RuleSync};
 use crate::tags;
 
 pub mod classic;
@@ -386,6 +386,7 @@ impl Nlbs {
         lb: &Nlb,
         d: &Desired,
         ids: &[String],
+        mode: RuleSync,
     ) -> Result<()> {
         if self.cx.config.disable_sg_ingress {
             return Ok(());
@@ -433,7 +434,7 @@ impl Nlbs {
             }
         }
         let vpc = (!lb.vpc_id.is_empty()).then_some(lb.vpc_id.as_str());
-        sync_nlb_rules(&self.cx, cluster_id, &lb.name, vpc, ids, Some(&rules)).await
+        sync_nlb_rules(&self.cx, cluster_id, &lb.name, vpc, ids, Some(&rules), mode).await
     }
 
     /// The instance IDs behind `nodes` (provider IDs, else a lookup by name).
@@ -941,7 +942,8 @@ impl Nlbs {
         }
 
         // The NodePorts in the nodes' security groups, for the clients and the health checks.
-        self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
+        self.sync_rules(&cluster_id, &lb, &d, &ids, RuleSync::Exact)
+            .await?;
 
         // Attributes: a new NLB has AWS's defaults (cross-zone off, no access logs).
         let defaults = d.lb_attributes.iter().all(|(k, v)| {
@@ -1008,7 +1010,114 @@ impl Nlbs {
         // The security-group rules follow the instances too, when the Service's settings can
         // be read (else the next successful ensure does it).
         if let Ok(d) = Desired::from_service(service, &self.cx.config.health_probe_mode) {
-            self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
+            self.sync_rules(&cluster_id, &lb, &d, &ids, RuleSync::Exact)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The instance IDs an incremental host update adds and removes: `added` filtered by
+    /// `target-node-labels`, `removed` all of them; an instance in both (a node whose
+    /// providerID changed form) is neither.
+    async fn host_delta(
+        &self,
+        service: &Service,
+        added: &[Node],
+        removed: &[Node],
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let labels = annotations::target_node_labels(service);
+        let added: Vec<Node> = added
+            .iter()
+            .filter(|n| annotations::node_matches(&labels, n))
+            .cloned()
+            .collect();
+        let add = self.instance_ids(&added).await?;
+        let remove: Vec<String> = self
+            .instance_ids(removed)
+            .await?
+            .into_iter()
+            .filter(|id| !add.contains(id))
+            .collect();
+        Ok((add, remove))
+    }
+
+    /// ABI 1.2 incremental host update of an NLB: every target group of the NLB deregisters
+    /// the instances of `removed` and registers those of `added` (running ones only; both
+    /// idempotent on AWS), and the groups of the added instances get the NLB's rules (never
+    /// revoked here: the next full update does that).
+    async fn nlb_hosts_delta(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        added: &[Node],
+        removed: &[Node],
+    ) -> Result<()> {
+        let key = annotations::service_key(service);
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let name = annotations::load_balancer_name(service);
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => lb,
+            Ownership::Absent => {
+                return Err(ProviderError::not_found(format!(
+                    "service {key}: load balancer {name} does not exist"
+                )))
+            }
+            Ownership::Foreign(e) => return Err(e),
+        };
+        let (add, remove) = self.host_delta(service, added, removed).await?;
+        if add.is_empty() && remove.is_empty() {
+            return Ok(());
+        }
+        let (_, groups) = self.listeners_and_groups(&lb.arn).await?;
+        let add_targets = |port: u16| -> Vec<Target> {
+            add.iter()
+                .map(|id| Target {
+                    id: id.clone(),
+                    port,
+                })
+                .collect()
+        };
+        let mut registered = Vec::new();
+        for tg in &groups {
+            let gone: Vec<Target> = remove
+                .iter()
+                .map(|id| Target {
+                    id: id.clone(),
+                    port: tg.port,
+                })
+                .collect();
+            if !gone.is_empty() {
+                match self.cx.api.deregister_targets(&tg.arn, &gone).await {
+                    // A target that is not registered (moto, and AWS for an unknown one): ask
+                    // which are, and deregister those.
+                    Err(e) if e.code() == "InvalidTarget" => {
+                        let current = self.cx.api.targets_of(&tg.arn).await?;
+                        let gone: Vec<Target> =
+                            gone.into_iter().filter(|t| current.contains(t)).collect();
+                        if !gone.is_empty() {
+                            self.cx.api.deregister_targets(&tg.arn, &gone).await?;
+                        }
+                    }
+                    r => r?,
+                }
+            }
+            let new = if add.is_empty() {
+                Vec::new()
+            } else {
+                self.registrable(add_targets(tg.port)).await?
+            };
+            if !new.is_empty() {
+                self.cx.api.register_targets(&tg.arn, &new).await?;
+                registered.extend(new.into_iter().map(|t| t.id));
+            }
+        }
+        registered.sort();
+        registered.dedup();
+        if !registered.is_empty() {
+            if let Ok(d) = Desired::from_service(service, &self.cx.config.health_probe_mode) {
+                self.sync_rules(&cluster_id, &lb, &d, &registered, RuleSync::GrantOnly)
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -1050,7 +1159,16 @@ impl Nlbs {
             .filter(|v| !v.is_empty())
             .or_else(|| self.cx.config.vpc.clone())
             .or_else(|| self.vpc.lock().expect("vpc").clone());
-        sync_nlb_rules(&self.cx, &cluster_id, &name, vpc.as_deref(), &[], None).await?;
+        sync_nlb_rules(
+            &self.cx,
+            &cluster_id,
+            &name,
+            vpc.as_deref(),
+            &[],
+            None,
+            RuleSync::Exact,
+        )
+        .await?;
         let arns: Vec<String> = groups.iter().map(|g| g.arn.clone()).collect();
         let owned = self.cx.api.describe_tags(&arns).await?;
         let empty = BTreeMap::new();
@@ -1255,6 +1373,47 @@ impl LoadBalancer for AwsLoadBalancer {
         })?;
         self.inner.cx.forget_applied(service);
         Ok(())
+    }
+
+    fn incremental_hosts(&self) -> bool {
+        true
+    }
+
+    /// ABI 1.2: the hosts that joined and left since the set last applied (the SDK checks the
+    /// base): registered / deregistered with RegisterTargets / DeregisterTargets (NLB) or
+    /// Register/DeregisterInstancesWithLoadBalancer (classic), no listing of the current
+    /// targets for an NLB. A whole set (`replace`) is a full `UpdateLoadBalancer`.
+    fn update_load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+        change: &HostChange,
+    ) -> Result<()> {
+        if change.replace {
+            return self.update_load_balancer(ctx, cluster_name, service, &change.added);
+        }
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
+            return Err(ProviderError::implemented_elsewhere());
+        }
+        let (effective, _) = self.effective_service(service, handling);
+        let cluster = cluster_name.to_string();
+        let removed = change.removed.clone();
+        self.run(
+            ctx,
+            &effective,
+            &change.added,
+            move |lb, svc, added| async move {
+                match handling {
+                    Handling::Classic => {
+                        lb.classic_hosts_delta(&cluster, &svc, &added, &removed)
+                            .await
+                    }
+                    _ => lb.nlb_hosts_delta(&cluster, &svc, &added, &removed).await,
+                }
+            },
+        )
     }
 
     fn load_balancer_hosts(

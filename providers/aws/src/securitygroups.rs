@@ -98,8 +98,20 @@ impl NlbRules {
     }
 }
 
+/// How far a rules pass goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleSync {
+    /// The groups `instances` are reached through get exactly the rules; other groups lose
+    /// them (`instances` is the whole set).
+    Exact,
+    /// Only add what the groups of `instances` lack (an incremental host update: `instances`
+    /// are the hosts that joined, not the whole set; the next full pass removes the rest).
+    GrantOnly,
+}
+
 /// Make the nodes' security groups carry exactly `rules` for the NLB `lb_name` reaching
-/// `instances` (`None`: remove the NLB's rules everywhere).
+/// `instances` (`None`: remove the NLB's rules everywhere); with [`RuleSync::GrantOnly`] only
+/// add the rules the groups of `instances` lack.
 pub async fn sync_nlb_rules(
     cx: &AwsContext,
     cluster_id: &str,
@@ -107,6 +119,7 @@ pub async fn sync_nlb_rules(
     vpc: Option<&str>,
     instances: &[String],
     rules: Option<&NlbRules>,
+    mode: RuleSync,
 ) -> Result<()> {
     if cx.config.disable_sg_ingress {
         return Ok(());
@@ -165,6 +178,8 @@ pub async fn sync_nlb_rules(
         }
         let wanted: BTreeSet<IngressRule> = if used.contains(id) {
             wanted_here.clone()
+        } else if mode == RuleSync::GrantOnly {
+            continue;
         } else {
             BTreeSet::new()
         };
@@ -175,7 +190,11 @@ pub async fn sync_nlb_rules(
             .cloned()
             .collect();
         let add: Vec<IngressRule> = wanted.difference(&actual).cloned().collect();
-        let remove: Vec<IngressRule> = actual.difference(&wanted).cloned().collect();
+        let remove: Vec<IngressRule> = if mode == RuleSync::GrantOnly {
+            Vec::new()
+        } else {
+            actual.difference(&wanted).cloned().collect()
+        };
         if add.is_empty() && remove.is_empty() {
             continue;
         }
@@ -276,6 +295,7 @@ pub async fn reached_through(
 /// tagged or not, so that the group can be deleted). Rules are recognised by their source group
 /// only, as the AWS CCM recognises them. `ElbSecurityGroup` and `lb_group` itself are never
 /// changed; `DisableSecurityGroupIngress` turns it off.
+/// With [`RuleSync::GrantOnly`] only the groups of `instances` missing the rule get it.
 pub async fn sync_classic_rules(
     cx: &AwsContext,
     cluster_id: &str,
@@ -283,6 +303,7 @@ pub async fn sync_classic_rules(
     vpc: &str,
     instances: &[String],
     deleting: bool,
+    mode: RuleSync,
 ) -> Result<()> {
     if cx.config.disable_sg_ingress {
         return Ok(());
@@ -330,7 +351,7 @@ pub async fn sync_classic_rules(
                 Err(e) if e.code() == "InvalidPermission.Duplicate" => {}
                 other => other?,
             }
-        } else if !want && has && (deleting || tagged.contains(&g.id)) {
+        } else if !want && has && mode == RuleSync::Exact && (deleting || tagged.contains(&g.id)) {
             log::info!(
                 "aws: security group {}: removing the rule of load balancer group {lb_group}",
                 g.id

@@ -2303,3 +2303,154 @@ async fn an_invalid_annotation_value_blocks_only_its_own_change() {
     .await;
     assert_eq!(events_of(&env, "tuned", "InvalidAnnotations").len(), 1);
 }
+
+// ---- ABI 1.2 incremental host updates ---------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incremental_host_updates_register_and_deregister_only_the_change() {
+    use ccm_provider_abi::sdk::{CloudProvider, HostChange};
+    use k8s_openapi::api::core::v1::Node;
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 4, 0, "m5.large").await;
+    ec2(
+        &env.api,
+        "StopInstances",
+        &[("InstanceId.1", &instances[3].id)],
+    )
+    .await;
+    let node = |i: &ccm_provider_aws::api::ec2::Instance| -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": i.private_dns.clone().unwrap()},
+            "spec": {"providerID": format!("aws:///{}/{}", i.zone, i.id)}
+        }))
+        .unwrap()
+    };
+    let nodes: Vec<Node> = instances.iter().map(node).collect();
+    let mut classic = classic_service("inc-classic", json!({}), json!({}));
+    classic.metadata.uid = Some("11111111-2222-3333-4444-555555555555".into());
+    let mut nlb = lb_service("inc-nlb", json!({}), json!({}));
+    nlb.metadata.uid = Some("66666666-7777-8888-9999-000000000000".into());
+    nlb.spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    let cloud = std::sync::Arc::new(in_process(&env).await);
+    let call = |f: Box<dyn FnOnce(&ccm_provider_aws::AwsCloud) + Send>| {
+        let cloud = cloud.clone();
+        async move {
+            tokio::task::spawn_blocking(move || f(&cloud))
+                .await
+                .unwrap()
+        }
+    };
+    let ctx = ccm_provider_abi::CallContext::background;
+    for svc in [&classic, &nlb] {
+        let (svc, first) = (svc.clone(), nodes[..2].to_vec());
+        call(Box::new(move |c| {
+            let lb = c.load_balancer().unwrap();
+            assert!(lb.incremental_hosts());
+            lb.ensure_load_balancer(&ctx(), CLUSTER, &svc, &first)
+                .unwrap();
+        }))
+        .await;
+    }
+    let classic_name = lb_name_of(&classic);
+    let nlb_arn = env
+        .api
+        .describe_load_balancer(&lb_name_of(&nlb))
+        .await
+        .unwrap()
+        .unwrap()
+        .arn;
+    let tg = env.api.target_groups_of(&nlb_arn).await.unwrap()[0]
+        .arn
+        .clone();
+    async fn hosts(env: &AwsEnv, name: String, tg: String) -> (BTreeSet<String>, BTreeSet<String>) {
+        let api = &env.api;
+        {
+            let c: BTreeSet<String> = api
+                .describe_classic(&name)
+                .await
+                .unwrap()
+                .unwrap()
+                .instances
+                .into_iter()
+                .collect();
+            let n: BTreeSet<String> = api
+                .targets_of(&tg)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|t| t.id)
+                .collect();
+            (c, n)
+        }
+    }
+    let ids = |idx: &[usize]| -> BTreeSet<String> {
+        idx.iter().map(|i| instances[*i].id.clone()).collect()
+    };
+    assert_eq!(
+        hosts(&env, classic_name.clone(), tg.clone()).await,
+        (ids(&[0, 1]), ids(&[0, 1]))
+    );
+
+    // One node leaves, one joins, a stopped one joins: only the change is sent.
+    env.proxy.clear_counts();
+    let change = HostChange {
+        replace: false,
+        added: vec![nodes[2].clone(), nodes[3].clone()],
+        removed: vec![nodes[0].clone()],
+    };
+    for _ in 0..2 {
+        // Twice: both halves are idempotent.
+        for svc in [&classic, &nlb] {
+            let (svc, change) = (svc.clone(), change.clone());
+            call(Box::new(move |c| {
+                c.load_balancer()
+                    .unwrap()
+                    .update_load_balancer_hosts(&ctx(), CLUSTER, &svc, &change)
+                    .unwrap()
+            }))
+            .await;
+        }
+    }
+    assert_eq!(
+        hosts(&env, classic_name.clone(), tg.clone()).await,
+        (ids(&[1, 2]), ids(&[1, 2]))
+    );
+    let counts = env.proxy.counts();
+    println!("incremental host update calls (twice each): {counts:?}");
+    assert_eq!(counts.get("RegisterInstancesWithLoadBalancer"), Some(&1));
+    assert_eq!(counts.get("DeregisterInstancesFromLoadBalancer"), Some(&1));
+    assert_eq!(counts.get("RegisterTargets"), Some(&2));
+    assert_eq!(counts.get("DeregisterTargets"), Some(&2));
+    // One InvalidTarget: the repeated DeregisterTargets (the stopped instance is never sent).
+    assert_eq!(counts.get("!InvalidTarget"), Some(&1));
+    // The repeat finds the removed target gone (moto: InvalidTarget) and lists the targets once.
+    assert_eq!(counts.get("DescribeTargetHealth"), Some(&1));
+
+    // A whole set replaces the hosts.
+    let replace = HostChange {
+        replace: true,
+        added: vec![nodes[0].clone()],
+        removed: Vec::new(),
+    };
+    for svc in [&classic, &nlb] {
+        let (svc, change) = (svc.clone(), replace.clone());
+        call(Box::new(move |c| {
+            c.load_balancer()
+                .unwrap()
+                .update_load_balancer_hosts(&ctx(), CLUSTER, &svc, &change)
+                .unwrap()
+        }))
+        .await;
+    }
+    assert_eq!(
+        hosts(&env, classic_name.clone(), tg.clone()).await,
+        (ids(&[0]), ids(&[0]))
+    );
+}

@@ -52,7 +52,7 @@ use crate::api::elb::{
 use crate::config::HealthProbeMode;
 use crate::securitygroups::{
     delete_owned_group, elb_group_name, ensure_elb_group, find_group, sync_classic_rules,
-    sync_elb_group_ingress,
+    sync_elb_group_ingress, RuleSync,
 };
 use crate::tags;
 
@@ -663,7 +663,16 @@ impl Nlbs {
                     .await?;
             }
         }
-        sync_classic_rules(&self.cx, &cluster_id, &lb_group, &vpc, &ids, false).await?;
+        sync_classic_rules(
+            &self.cx,
+            &cluster_id,
+            &lb_group,
+            &vpc,
+            &ids,
+            false,
+            RuleSync::Exact,
+        )
+        .await?;
         self.sync_classic_instances(&lb, &ids).await?;
         Ok(status_of(&lb))
     }
@@ -848,7 +857,87 @@ impl Nlbs {
         let ids = self.instance_ids(&targets).await?;
         self.sync_classic_instances(&lb, &ids).await?;
         if let Some(lb_group) = self.classic_lb_group(service, &lb) {
-            sync_classic_rules(&self.cx, &cluster_id, &lb_group, &lb.vpc_id, &ids, false).await?;
+            sync_classic_rules(
+                &self.cx,
+                &cluster_id,
+                &lb_group,
+                &lb.vpc_id,
+                &ids,
+                false,
+                RuleSync::Exact,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// ABI 1.2 incremental host update of a classic ELB: deregister the instances of `removed`,
+    /// register those of `added` (with every `target-node-labels` label; running ones only),
+    /// against the instances the ELB reports (so both halves are idempotent), and give the
+    /// groups of the added instances the rule allowing the ELB (never revoked here: the next
+    /// full update does that).
+    pub(super) async fn classic_hosts_delta(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        added: &[Node],
+        removed: &[Node],
+    ) -> Result<()> {
+        let key = annotations::service_key(service);
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let name = annotations::load_balancer_name(service);
+        let lb = match self.classic_ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned((lb, _)) => lb,
+            Ownership::Absent => {
+                return Err(ProviderError::not_found(format!(
+                    "service {key}: load balancer {name} does not exist"
+                )))
+            }
+            Ownership::Foreign(e) => return Err(e),
+        };
+        let (add, remove) = self.host_delta(service, added, removed).await?;
+        let remove: Vec<String> = remove
+            .into_iter()
+            .filter(|id| lb.instances.contains(id))
+            .collect();
+        let add: Vec<String> = add
+            .into_iter()
+            .filter(|id| !lb.instances.contains(id))
+            .collect();
+        if !remove.is_empty() {
+            self.cx
+                .api
+                .deregister_classic_instances(&name, &remove)
+                .await?;
+        }
+        if add.is_empty() {
+            return Ok(());
+        }
+        let add: Vec<String> = self
+            .registrable(
+                add.into_iter()
+                    .map(|id| crate::api::elbv2::Target { id, port: 0 })
+                    .collect(),
+            )
+            .await?
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        if add.is_empty() {
+            return Ok(());
+        }
+        self.cx.api.register_classic_instances(&name, &add).await?;
+        if let Some(lb_group) = self.classic_lb_group(service, &lb) {
+            sync_classic_rules(
+                &self.cx,
+                &cluster_id,
+                &lb_group,
+                &lb.vpc_id,
+                &add,
+                false,
+                RuleSync::GrantOnly,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -942,11 +1031,21 @@ impl Nlbs {
             let lb_group = lb.as_ref().and_then(|l| self.classic_lb_group(service, l));
             for g in &candidates {
                 if tags::has_cluster_tag(&g.tags, &cluster_id) {
-                    sync_classic_rules(&self.cx, &cluster_id, &g.id, vpc, &[], true).await?;
+                    sync_classic_rules(
+                        &self.cx,
+                        &cluster_id,
+                        &g.id,
+                        vpc,
+                        &[],
+                        true,
+                        RuleSync::Exact,
+                    )
+                    .await?;
                 }
             }
             if let Some(lg) = lb_group.filter(|g| !candidates.iter().any(|c| c.id == *g)) {
-                sync_classic_rules(&self.cx, &cluster_id, &lg, vpc, &[], false).await?;
+                sync_classic_rules(&self.cx, &cluster_id, &lg, vpc, &[], false, RuleSync::Exact)
+                    .await?;
             }
         }
         if let Some(lb) = &lb {
