@@ -575,16 +575,17 @@ impl Nlbs {
             Some(v) if !v.is_empty() => v,
             _ => self.vpc(&ids).await?,
         };
+        // A type change: nothing is made (not even the ELB's group) while the NLB exists.
+        if existing.is_none() && self.cx.api.describe_load_balancer(&name).await?.is_some() {
+            return Err(ProviderError::other(format!(
+                "service {}: a network load balancer {name} exists; the load balancer type cannot change (delete and re-create the Service, or set aws-load-balancer-type: nlb again)",
+                d.service
+            )));
+        }
         let (groups, lb_group) = self.classic_groups(&d, &cluster_id, &name, &vpc).await?;
 
         let (lb, created) = match existing {
             None => {
-                if self.cx.api.describe_load_balancer(&name).await?.is_some() {
-                    return Err(ProviderError::other(format!(
-                        "service {}: a network load balancer {name} exists; the load balancer type cannot change (delete and re-create the Service, or set aws-load-balancer-type: nlb again)",
-                        d.service
-                    )));
-                }
                 let subnets = self
                     .subnets(
                         d.subnets.as_deref(),
