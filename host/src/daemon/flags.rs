@@ -449,6 +449,8 @@ impl RunArgs {
                 concurrent_node_status_updates: to_usize(self.concurrent_node_status_updates),
                 concurrent_service_syncs: to_usize(self.concurrent_service_syncs),
                 route_reconciliation_period: route_period,
+                configure_cloud_routes: self.configure_cloud_routes,
+                cluster_cidr: self.cluster_cidr.clone(),
                 load_balancer_classes: default_classes,
                 ignore_classless_services: self.ignore_classless_services,
                 node_deletion: NodeDeletionPolicy {

@@ -1,8 +1,9 @@
 //! The selected cloud provider as the controllers see it: typed async methods over the plugin's
 //! ABI, all going through one call path ([`Provider::call`]).
 //!
-//! The host never calls a plugin on an async worker: every call runs on tokio's blocking pool
-//! with a deadline; when the deadline passes the host stops waiting, sets the call's cancellation
+//! The host never calls a plugin on an async worker: every call runs on the provider's own call
+//! pool ([`pool`]: threads owned by the provider, so a call stuck in a plugin never holds one of
+//! tokio's threads) with a deadline; when the deadline passes the host stops waiting, sets the call's cancellation
 //! flag (which the plugin can poll through its `CallContext`) and returns `DeadlineExceeded`.
 //! Dropping the returned future (e.g. on shutdown) cancels the call the same way.
 //!
@@ -366,7 +367,7 @@ impl Provider {
         self.inner.throttle.paused_until()
     }
 
-    /// The single path every provider call takes: throttling pause, budget, blocking pool,
+    /// The single path every provider call takes: throttling pause, budget, call pool,
     /// deadline, cancellation, metrics. Such a call never joins another one; see
     /// [`Provider::call_keyed`].
     ///

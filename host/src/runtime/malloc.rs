@@ -6,8 +6,8 @@
 //!
 //! - **Arenas.** A thread that finds the arena it wants locked gets an arena of its own, up to
 //!   8 per core, and memory freed into an arena stays there for that arena's next use. Provider
-//!   calls run on tokio's blocking pool (up to `--concurrent-node-syncs` threads at once, 64 by
-//!   default) and serialise and parse whole nodes there, so each arena ends up holding its own
+//!   calls run on the provider's call pool (`provider::pool`, up to `--concurrent-node-syncs`
+//!   threads at once, 64 by default) and serialise and parse whole nodes there, so each arena ends up holding its own
 //!   high-water mark of JSON buffers. Two arenas keep lock contention low for the two runtime
 //!   workers and the provider threads.
 //! - **The dynamic mmap threshold.** glibc serves large blocks (from 128 KiB) with `mmap`, but
