@@ -2529,3 +2529,88 @@ async fn a_load_balancer_type_change_is_refused_and_changes_nothing() {
         "no ELB group made"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_elb_moved_to_annotated_groups_deletes_its_own_group() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service("moving", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    eventually_async("moving's hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "moving").await)
+    })
+    .await;
+    let name = lb_name_of(&stored_service(&env, "moving").await);
+    let own = env
+        .api
+        .describe_classic(&name)
+        .await
+        .unwrap()
+        .unwrap()
+        .security_groups[0]
+        .clone();
+    let mine = make_group(&env.api, &env.cloud.vpc, "mine").await;
+    services
+        .patch(
+            "moving",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "service.beta.kubernetes.io/aws-load-balancer-security-groups": mine.clone()
+            }}})),
+        )
+        .await
+        .unwrap();
+    eventually_async("the ELB on the annotated group only", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        (lb.security_groups == vec![mine.clone()]).then_some(())
+    })
+    .await;
+    // Its own group: the nodes' rule revoked, the group deleted; the nodes allow the new one.
+    eventually_async("the ELB's own group deleted", WAIT, || async {
+        security_group(&env, &own).await.is_none().then_some(())
+    })
+    .await;
+    // (Later in the same ensure.)
+    eventually_async("the nodes allow only the annotated group", WAIT, || async {
+        let node_group = security_group(&env, &node_sg).await?;
+        let sources: Vec<&str> = node_group
+            .from_groups
+            .iter()
+            .map(|r| r.group_id.as_str())
+            .collect();
+        (sources == vec![mine.as_str()]).then_some(())
+    })
+    .await;
+    services
+        .delete("moving", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("moving gone", WAIT, || async {
+        services
+            .get_opt("moving")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(env.api.describe_classic(&name).await.unwrap().is_none());
+    assert!(
+        security_group(&env, &mine).await.is_some(),
+        "the annotated group is never deleted"
+    );
+}

@@ -24,6 +24,7 @@
 //! - tags `kubernetes.io/cluster/c=owned`, `kubernetes.io/service-name=ns/name` and the
 //!   additional tags; an ELB of the same name without both ownership tags is left alone.
 //!
+//! A group the ELB stops using (the annotations changed) is deleted when the cluster owns it.
 //! Deletion revokes the nodes' rules, deletes the ELB, then the security groups it used that
 //! carry `kubernetes.io/cluster/c=owned` and are neither `ElbSecurityGroup` nor named in the
 //! annotations (retrying `DependencyViolation`); a group left by an interrupted deletion is
@@ -756,7 +757,41 @@ impl Nlbs {
                 .api
                 .apply_classic_security_groups(&name, groups)
                 .await?;
+            // The groups it no longer uses (removeOwnedSecurityGroups): those owned by the
+            // cluster lose the nodes' rules referencing them and are deleted; others (given by
+            // an annotation or the config) are left as they are.
+            let dropped: Vec<String> = lb
+                .security_groups
+                .iter()
+                .filter(|g| !groups.contains(g))
+                .cloned()
+                .collect();
             lb.security_groups = groups.to_vec();
+            if !dropped.is_empty() {
+                let found = self
+                    .cx
+                    .api
+                    .describe_security_groups(&[("group-id", &dropped[..])])
+                    .await?;
+                for g in found.iter().filter(|g| {
+                    g.tags
+                        .get(&tags::cluster_tag(cluster_id))
+                        .map(String::as_str)
+                        == Some(tags::OWNED)
+                }) {
+                    sync_classic_rules(
+                        &self.cx,
+                        cluster_id,
+                        &g.id,
+                        vpc,
+                        &[],
+                        true,
+                        RuleSync::Exact,
+                    )
+                    .await?;
+                    delete_owned_group(&self.cx, cluster_id, g).await?;
+                }
+            }
         }
         let add: BTreeMap<String, String> = d
             .additional_tags
