@@ -20,10 +20,10 @@ pub mod cache_trim;
 pub mod node;
 pub mod node_addresses;
 pub mod node_lifecycle;
-pub mod node_ownership;
+pub(crate) mod node_ownership;
 pub mod route;
 pub mod service;
-pub mod sync_error;
+pub(crate) mod sync_error;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,15 +7,15 @@
 //! lease exits with status 1 like upstream; SIGTERM/SIGINT stop the controllers, release the
 //! lease and exit 0.
 
-pub mod cloud_config;
-pub mod delegated_auth;
-pub mod flags;
-pub mod http;
-pub mod lease_health;
-pub mod provider_health;
+pub(crate) mod cloud_config;
+pub(crate) mod delegated_auth;
+pub(crate) mod flags;
+pub(crate) mod http;
+pub(crate) mod lease_health;
+pub(crate) mod provider_health;
 pub mod provider_set;
 pub mod selection;
-pub mod serving;
+pub(crate) mod serving;
 pub mod upstream_flags;
 
 use std::path::Path;

@@ -44,7 +44,7 @@
 //!   ([`crate::controllers::cache_trim`]). A key missing from the cache is read from the API
 //!   before it is treated as deleted, so the decisions are upstream's.
 
-pub mod node_sync;
+pub(crate) mod node_sync;
 pub mod predicates;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
