@@ -133,7 +133,7 @@ fn abi_incompatible_plugin_is_refused_with_one_line() {
         reason,
         "its plugin interface does not match this host: type PluginModule (the plugin's root \
          module): package ccm-fixture-abi-mismatch in the plugin, ccm-provider-abi in this host; \
-         rebuild it against ccm-provider-abi 1.x, x <= 1"
+         rebuild it against ccm-provider-abi 1.x, x <= 2"
     );
     // A broken plugin that is not selected does not stop the others.
     assert_eq!(provider_names(&registry), ["fake", "fake-v1"]);
