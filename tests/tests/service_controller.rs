@@ -1108,7 +1108,13 @@ async fn node_changes_during_the_first_ensure_re_ensure_instead_of_updating() {
     let gate = tempfile::NamedTempFile::new().unwrap();
     let env = Env::start(
         fake(json!({"pause": {"EnsureLoadBalancer": gate.path()}})),
-        ControllerConfig::default(),
+        // The node sync the change queues runs at once (no coalescing interval), so it meets
+        // the EnsureLoadBalancer still in progress; with the interval it could run after the
+        // first ensure returned and update the (then existing) load balancer legitimately.
+        ControllerConfig {
+            node_sync_interval: Duration::ZERO,
+            ..ControllerConfig::default()
+        },
         &["n1"],
     )
     .await;

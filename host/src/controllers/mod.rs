@@ -56,6 +56,10 @@ pub struct ControllerConfig {
     pub concurrent_node_status_updates: usize,
     /// `--concurrent-service-syncs`: service workers and node-sync fan-out (must be > 0).
     pub concurrent_service_syncs: usize,
+    /// Least time between the starts of two node syncs of the service controller (default 1s;
+    /// beyond upstream, `--node-sync-interval`): during mass node changes a load balancer's
+    /// hosts are updated at most once per interval.
+    pub node_sync_interval: Duration,
     /// `--route-reconciliation-period` (default 10s).
     pub route_reconciliation_period: Duration,
     /// `--configure-cloud-routes` (default true): a start condition of the route controller.
@@ -85,6 +89,7 @@ impl Default for ControllerConfig {
             concurrent_node_syncs: 64,
             concurrent_node_status_updates: 0,
             concurrent_service_syncs: 1,
+            node_sync_interval: Duration::from_secs(1),
             route_reconciliation_period: Duration::from_secs(10),
             configure_cloud_routes: true,
             cluster_cidr: String::new(),

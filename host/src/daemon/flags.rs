@@ -135,6 +135,11 @@ pub struct RunArgs {
     /// Provider calls allowed at once above --cloud-api-qps.
     #[arg(help_heading = ADDITIONS, long, env = "CCM_CLOUD_API_BURST", default_value_t = 10)]
     pub cloud_api_burst: i64,
+    /// Least time between the starts of two node syncs of the service controller: during mass
+    /// node changes a load balancer's hosts are updated at most once per interval (beyond
+    /// upstream; 0s: a sync whenever the previous one is done).
+    #[arg(help_heading = ADDITIONS, long, default_value = "1s")]
+    pub node_sync_interval: String,
     /// With a provider that offers bulk instance lookups (ABI 1.1): how long the first node
     /// asked about waits for others before one call asks about all of them (beyond upstream).
     #[arg(help_heading = ADDITIONS, long, default_value_t = crate::runtime::duration::format(DEFAULT_INSTANCE_BATCH_WINDOW))]
@@ -280,6 +285,7 @@ impl RunArgs {
             false,
         );
         let _ = duration("node-sync-period", &self.node_sync_period, true);
+        let node_sync_interval = duration("node-sync-interval", &self.node_sync_interval, true);
         let call_timeout = duration("provider-call-timeout", &self.provider_call_timeout, false);
         let batch_window = duration("instance-batch-window", &self.instance_batch_window, true);
         let reload_period = duration(
@@ -449,6 +455,7 @@ impl RunArgs {
                 concurrent_node_status_updates: to_usize(self.concurrent_node_status_updates),
                 concurrent_service_syncs: to_usize(self.concurrent_service_syncs),
                 route_reconciliation_period: route_period,
+                node_sync_interval,
                 configure_cloud_routes: self.configure_cloud_routes,
                 cluster_cidr: self.cluster_cidr.clone(),
                 load_balancer_classes: default_classes,

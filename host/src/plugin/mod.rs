@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use ccm_provider_abi::abi::ProviderFactoryBox;
 use ccm_provider_abi::ext::ProviderFactoryV1_1Box;
+use ccm_provider_abi::ext_v1_2::ProviderFactoryV1_2Box;
 use serde::Serialize;
 
 pub use loader::LoaderOptions;
@@ -50,12 +51,15 @@ impl fmt::Display for RefusedPlugin {
 }
 
 /// A provider factory as the plugin registered it: through the 1.0 root module, or through the
-/// ABI 1.1 extension module (its providers also carry the 1.1 additions).
+/// newest extension module the plugin has (ABI 1.1: its providers also carry the 1.1 additions;
+/// ABI 1.2: the 1.1 and the 1.2 additions).
 pub enum Factory {
     /// Registered by a plugin without the 1.1 extension.
     V1_0(ProviderFactoryBox),
     /// Registered through the 1.1 extension module.
     V1_1(ProviderFactoryV1_1Box),
+    /// Registered through the 1.2 extension module.
+    V1_2(ProviderFactoryV1_2Box),
 }
 
 /// A registered provider factory and where it came from.

@@ -9,6 +9,9 @@ use ccm_provider_abi::abi::{
     log_level, AbiLogger, AbiRegistrar, AbiResult, LoggerBox, ProviderFactoryBox, RegistrarBox,
 };
 use ccm_provider_abi::ext::{AbiExtRegistrar, ExtRegistrarBox, ProviderFactoryV1_1Box};
+use ccm_provider_abi::ext_v1_2::{
+    AbiExtRegistrarV1_2, ExtRegistrarV1_2Box, ProviderFactoryV1_2Box,
+};
 
 use super::Factory;
 
@@ -47,6 +50,11 @@ impl HostRegistrar {
     /// The same for the ABI 1.1 extension's `register` (1.1 factories).
     pub fn to_abi_v1_1(&self) -> ExtRegistrarBox {
         ExtRegistrarBox::from_value(self.side(), TD_Opaque)
+    }
+
+    /// The same for the ABI 1.2 extension's `register` (1.2 factories).
+    pub fn to_abi_v1_2(&self) -> ExtRegistrarV1_2Box {
+        ExtRegistrarV1_2Box::from_value(self.side(), TD_Opaque)
     }
 
     pub fn take(&self) -> Vec<(String, Factory)> {
@@ -121,6 +129,28 @@ impl AbiExtRegistrar for AbiSide {
         factory: ProviderFactoryV1_1Box,
     ) -> AbiResult<()> {
         self.register(name, Factory::V1_1(factory))
+    }
+}
+
+impl AbiExtRegistrarV1_2 for AbiSide {
+    fn plugin_path(&self) -> RString {
+        AbiSide::plugin_path(self)
+    }
+
+    fn max_log_level(&self) -> u8 {
+        self.max_log_level
+    }
+
+    fn logger(&self) -> LoggerBox {
+        AbiSide::logger(self)
+    }
+
+    fn register_provider(
+        &mut self,
+        name: RStr<'_>,
+        factory: ProviderFactoryV1_2Box,
+    ) -> AbiResult<()> {
+        self.register(name, Factory::V1_2(factory))
     }
 }
 

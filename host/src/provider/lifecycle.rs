@@ -33,6 +33,7 @@ use ccm_provider_abi::abi::{
     ZonesBox,
 };
 use ccm_provider_abi::ext::{ExtCapabilities, ProviderExtBox};
+use ccm_provider_abi::ext_v1_2::{ExtCapabilitiesV1_2, ProviderExtV1_2Box};
 use ccm_provider_abi::{ErrorKind, ProviderError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -53,6 +54,8 @@ pub(super) struct Plugin {
     pub(super) routes: Option<Arc<RoutesBox>>,
     /// The ABI 1.1 additions, when the plugin offers them.
     pub(super) ext: Option<Arc<ProviderExtBox>>,
+    /// The ABI 1.2 additions, when the plugin offers them.
+    pub(super) ext_v1_2: Option<Arc<ProviderExtV1_2Box>>,
     /// What this instance offers (read once, when it was made).
     pub(super) identity: Identity,
 }
@@ -71,6 +74,10 @@ pub(super) struct Identity {
     pub(super) abi_1_1: bool,
     /// What the extension declared (empty without one).
     pub(super) ext_capabilities: ExtCapabilities,
+    /// The plugin offers the ABI 1.2 extension.
+    pub(super) abi_1_2: bool,
+    /// What the 1.2 extension declared (empty without one).
+    pub(super) ext_v1_2_capabilities: ExtCapabilitiesV1_2,
     /// The platforms (providerID prefixes) the provider owns.
     pub(super) platforms: Vec<String>,
 }
@@ -99,6 +106,13 @@ impl Identity {
                 new.abi_1_1.then_some(new.ext_capabilities.0)
             ));
         }
+        if self.abi_1_2 != new.abi_1_2 || self.ext_v1_2_capabilities != new.ext_v1_2_capabilities {
+            out.push(format!(
+                "ABI 1.2 features {:?} → {:?}",
+                self.abi_1_2.then_some(self.ext_v1_2_capabilities.0),
+                new.abi_1_2.then_some(new.ext_v1_2_capabilities.0)
+            ));
+        }
         if self.platforms != new.platforms {
             out.push(format!(
                 "platforms {:?} → {:?}",
@@ -125,13 +139,19 @@ impl Plugin {
     ) -> Result<Self, ProviderError> {
         let factory = factory.clone();
         let config = config.map(<[u8]>::to_vec);
-        let (cloud, ext) = run_with_deadline("provider factory", timeout, move || {
+        let (cloud, ext, ext_v1_2) = run_with_deadline("provider factory", timeout, move || {
             let config = config.as_deref().map(Into::into).into();
             match &*factory {
-                Factory::V1_0(f) => f.create(config).map(|cloud| (cloud, None)),
-                Factory::V1_1(f) => f.create(config).map(|p| (p.base, Some(p.ext))),
+                Factory::V1_0(f) => f.create(config).map(|cloud| (cloud, None, None)),
+                Factory::V1_1(f) => f.create(config).map(|p| (p.base, Some(p.ext), None)),
+                Factory::V1_2(f) => f
+                    .create(config)
+                    .map(|p| (p.base, Some(p.ext), Some(p.ext_v1_2))),
             }
         })?;
+        let ext_v1_2_capabilities = ext_v1_2
+            .as_ref()
+            .map_or(ExtCapabilitiesV1_2::empty(), |e| e.capabilities());
         let cloud = Arc::new(cloud);
         let provider_name = cloud.provider_name().into_string();
         let ext_capabilities = ext
@@ -169,6 +189,8 @@ impl Plugin {
             },
             abi_1_1: ext.is_some(),
             ext_capabilities,
+            abi_1_2: ext_v1_2.is_some(),
+            ext_v1_2_capabilities,
             platforms,
         };
         Ok(Plugin {
@@ -180,6 +202,7 @@ impl Plugin {
             clusters,
             routes,
             ext: ext.map(Arc::new),
+            ext_v1_2: ext_v1_2.map(Arc::new),
             identity,
         })
     }

@@ -38,6 +38,9 @@ use ccm_provider_abi::abi::{
     ClustersBox, InstancesBox, InstancesV2Box, LoadBalancerBox, RoutesBox, ZonesBox,
 };
 use ccm_provider_abi::ext::{ExtCapabilities, ProviderExtBox};
+use ccm_provider_abi::ext_v1_2::{
+    AbiHostUpdate, ExtCapabilitiesV1_2, HostUpdateOutcome, ProviderExtV1_2Box,
+};
 use ccm_provider_abi::types::AbiRoute;
 use ccm_provider_abi::{CallContext, ErrorKind, InstanceMetadata, ProviderError, Route, Zone};
 use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
@@ -242,6 +245,73 @@ fn to_json<T: Serialize>(what: &str, value: &T) -> Result<String, ProviderError>
         .map_err(|e| ProviderError::other(format!("cannot serialise {what} for the provider: {e}")))
 }
 
+/// A host list serialised for the plugin once and shared by any number of load-balancer calls:
+/// a node sync serialises the current hosts once and hands the same bytes (and their digest,
+/// the key of the write call) to every Service's `UpdateLoadBalancer`, instead of one JSON copy
+/// of every host per Service. Cheap to clone.
+#[derive(Clone)]
+pub struct HostList {
+    json: Arc<[RString]>,
+    /// SHA-256 over the length-prefixed JSON of every host ([`call_key`]'s framing).
+    digest: [u8; 32],
+    bytes: usize,
+}
+
+impl HostList {
+    /// Serialise `nodes` (in this order).
+    pub fn new(nodes: &[impl Borrow<Node>]) -> Result<Self, ProviderError> {
+        let json = nodes_json(nodes)?;
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut bytes = 0;
+        for h in &json {
+            ctx.update(&(h.len() as u64).to_le_bytes());
+            ctx.update(h.as_bytes());
+            bytes += h.len();
+        }
+        let mut digest = [0; 32];
+        digest.copy_from_slice(ctx.finish().as_ref());
+        Ok(Self {
+            json: json.into(),
+            digest,
+            bytes,
+        })
+    }
+
+    /// The empty list.
+    pub fn empty() -> Self {
+        Self::new(&[] as &[Node]).expect("an empty list serialises")
+    }
+
+    /// Number of hosts.
+    pub fn len(&self) -> usize {
+        self.json.len()
+    }
+
+    /// No hosts.
+    pub fn is_empty(&self) -> bool {
+        self.json.is_empty()
+    }
+
+    /// Bytes of JSON the list hands to the plugin.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Let go of the list after its last call (see [`release_host_list`]).
+    pub fn release(self) {
+        release_host_list(self);
+    }
+}
+
+impl std::fmt::Debug for HostList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostList")
+            .field("len", &self.len())
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
 /// Sets the call's cancellation flag when dropped before the call finished.
 struct CancelOnDrop(Option<CallContext>);
 
@@ -332,10 +402,12 @@ impl Provider {
         &self.inner.plugin_path
     }
 
-    /// The ccm-provider-abi generation of the provider's interface: `1.1` when its plugin
-    /// offers the 1.1 extension, else `1.0`.
+    /// The ccm-provider-abi generation of the provider's interface: `1.2` or `1.1` when its
+    /// plugin offers that extension, else `1.0`.
     pub fn abi_generation(&self) -> &'static str {
-        if self.inner.identity.abi_1_1 {
+        if self.inner.identity.abi_1_2 {
+            "1.2"
+        } else if self.inner.identity.abi_1_1 {
             "1.1"
         } else {
             "1.0"
@@ -741,14 +813,31 @@ impl Provider {
     }
 
     /// The key of a write call ([`call_key`]): its arguments and hosts exactly as the plugin
-    /// gets them, so only a call identical in every byte joins one still running.
-    fn write_key(&self, op: &'static str, args: &[&str], hosts: &[RString]) -> pool::CallKey {
-        let all: Vec<&str> = args
-            .iter()
-            .copied()
-            .chain(hosts.iter().map(RString::as_str))
-            .collect();
-        call_key(op, self.inner.instance_cache.generation(), &all)
+    /// gets them (the hosts by their digest, [`HostList`]), so only a call identical in every
+    /// byte joins one still running.
+    fn write_key(&self, op: &'static str, args: &[&str], hosts: &[&HostList]) -> pool::CallKey {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        for a in args {
+            ctx.update(&(a.len() as u64).to_le_bytes());
+            ctx.update(a.as_bytes());
+        }
+        for h in hosts {
+            ctx.update(&(h.len() as u64).to_le_bytes());
+            ctx.update(&h.digest);
+        }
+        let mut digest = [0; 32];
+        digest.copy_from_slice(ctx.finish().as_ref());
+        (op, self.inner.instance_cache.generation(), digest)
+    }
+
+    /// The current instance's ABI 1.2 extension, if the plugin offers one.
+    fn ext_v1_2(&self) -> Option<Arc<ProviderExtV1_2Box>> {
+        self.plugin().ext_v1_2.clone()
+    }
+
+    /// What the provider's ABI 1.2 extension declared (empty for a 1.0 or 1.1 plugin).
+    pub fn ext_v1_2_capabilities(&self) -> ExtCapabilitiesV1_2 {
+        self.inner.identity.ext_v1_2_capabilities
     }
 
     /// The current instance's ABI 1.1 extension, if the plugin offers one.
@@ -844,16 +933,16 @@ impl Provider {
             cluster.to_string(),
             to_json("Service", service)?,
         );
-        let nodes = nodes_json(nodes)?;
-        let key = self.write_key("EnsureLoadBalancer", &[&cluster, &svc], &nodes);
+        let nodes = HostList::new(nodes)?;
+        let key = self.write_key("EnsureLoadBalancer", &[&cluster, &svc], &[&nodes]);
         self.call_keyed("EnsureLoadBalancer", Some(key), move |ctx| {
             let status = lb.ensure_load_balancer(
                 ctx,
                 cluster.as_str().into(),
                 svc.as_str().into(),
-                nodes.as_slice().into(),
+                nodes.json[..].into(),
             );
-            release_hosts(nodes);
+            release_host_list(nodes);
             status.map(|o| o.into_option().map(Into::into))
         })
         .await
@@ -866,22 +955,78 @@ impl Provider {
         service: &Service,
         nodes: &[impl Borrow<Node>],
     ) -> Result<(), ProviderError> {
+        self.update_load_balancer_shared(cluster, service, &HostList::new(nodes)?)
+            .await
+    }
+
+    /// `UpdateLoadBalancer` with a host list serialised once for many calls ([`HostList`]).
+    pub async fn update_load_balancer_shared(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &HostList,
+    ) -> Result<(), ProviderError> {
         let (lb, cluster, svc) = (
             self.lb()?,
             cluster.to_string(),
             to_json("Service", service)?,
         );
-        let nodes = nodes_json(nodes)?;
-        let key = self.write_key("UpdateLoadBalancer", &[&cluster, &svc], &nodes);
+        let nodes = nodes.clone();
+        let key = self.write_key("UpdateLoadBalancer", &[&cluster, &svc], &[&nodes]);
         self.call_keyed("UpdateLoadBalancer", Some(key), move |ctx| {
             let done = lb.update_load_balancer(
                 ctx,
                 cluster.as_str().into(),
                 svc.as_str().into(),
-                nodes.as_slice().into(),
+                nodes.json[..].into(),
             );
-            release_hosts(nodes);
+            release_host_list(nodes);
             done
+        })
+        .await
+    }
+
+    /// ABI 1.2 `UpdateLoadBalancerHosts` (docs/abi-1.2.md): apply `removed` then `added` to the
+    /// set the plugin holds under token `base` (`NO_BASE`: `added` is the whole set), naming the
+    /// result `token`. `Ok(true)`: applied; `Ok(false)`: the plugin does not hold `base`
+    /// (`BASE_MISMATCH`, or an outcome this host does not know) and changed nothing.
+    /// `NotImplemented` when the plugin has no 1.2 extension.
+    pub async fn update_load_balancer_hosts(
+        &self,
+        cluster: &str,
+        service: &Service,
+        base: u64,
+        token: u64,
+        added: &HostList,
+        removed: &HostList,
+    ) -> Result<bool, ProviderError> {
+        self.lb()?;
+        let Some(ext) = self.ext_v1_2() else {
+            return Err(ProviderError::not_implemented().context(
+                "a plugin built against ccm-provider-abi 1.0 or 1.1 has no incremental host update",
+            ));
+        };
+        let (cluster, svc) = (cluster.to_string(), to_json("Service", service)?);
+        let (added, removed) = (added.clone(), removed.clone());
+        let key = self.write_key(
+            "UpdateLoadBalancerHosts",
+            &[&cluster, &svc, &base.to_string(), &token.to_string()],
+            &[&added, &removed],
+        );
+        self.call_keyed("UpdateLoadBalancerHosts", Some(key), move |ctx| {
+            let outcome = ext.update_load_balancer_hosts(
+                ctx,
+                cluster.as_str().into(),
+                svc.as_str().into(),
+                AbiHostUpdate {
+                    base,
+                    token,
+                    added: added.json[..].into(),
+                    removed: removed.json[..].into(),
+                },
+            );
+            release_host_list(added);
+            outcome.map(|o| o == HostUpdateOutcome::APPLIED)
         })
         .await
     }
@@ -1212,8 +1357,19 @@ fn nodes_json(nodes: &[impl Borrow<Node>]) -> Result<Vec<RString>, ProviderError
     Ok(out)
 }
 
-/// Free a load-balancer call's host list (the plugin has freed its parsed copy by now) and
-/// give the pages back ([`crate::runtime::malloc::release_free_memory`]) when the list was large.
+/// Let go of a load-balancer call's host list (the plugin has freed its parsed copy by now)
+/// and give the pages back ([`crate::runtime::malloc::release_free_memory`]) when the list was large
+/// and this was its last user (a shared list is freed by the last call of the node sync).
+fn release_host_list(hosts: HostList) {
+    let large = hosts.len() >= RELEASE_AFTER_HOSTS;
+    let last = Arc::strong_count(&hosts.json) == 1;
+    drop(hosts);
+    if large && last {
+        crate::runtime::malloc::release_free_memory();
+    }
+}
+
+/// [`release_host_list`] for a list of one call.
 fn release_hosts(hosts: Vec<RString>) {
     let large = hosts.len() >= RELEASE_AFTER_HOSTS;
     drop(hosts);

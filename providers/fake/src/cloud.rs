@@ -44,6 +44,8 @@ pub struct Capabilities {
     pub routes: bool,
     /// ABI 1.1 `BulkInstances` (`bulkInstances`, off by default).
     pub bulk_instances: bool,
+    /// ABI 1.2 incremental host updates (`incrementalHosts`, off by default).
+    pub incremental_hosts: bool,
 }
 
 impl Capabilities {
@@ -57,6 +59,7 @@ impl Capabilities {
             clusters: on(c.disable_clusters, true),
             routes: on(c.disable_routes, true),
             bulk_instances: c.bulk_instances,
+            incremental_hosts: c.incremental_hosts,
         }
     }
 }
@@ -671,6 +674,7 @@ fn with_fixed(live: FakeConfig, base: &FakeConfig) -> FakeConfig {
         disable_zones: base.disable_zones,
         disable_clusters: base.disable_clusters,
         bulk_instances: base.bulk_instances,
+        incremental_hosts: base.incremental_hosts,
         state_dir: base.state_dir.clone(),
         cloud_state_file: base.cloud_state_file,
         shared_state: base.shared_state,

@@ -94,6 +94,12 @@ pub struct FakeConfig {
     /// the per-node calls every other test counts stay as they are).
     #[serde(skip_serializing_if = "is_false")]
     pub bulk_instances: bool,
+    /// Offer the ABI 1.2 incremental host update (`LoadBalancer::update_load_balancer_hosts`,
+    /// logged as `update-hosts` with the `added` and `removed` node names, `replace` when the
+    /// whole set came). Creation time only; off by default, so the fake then acts as a 1.1
+    /// plugin for load balancers and the `update` calls other tests count stay as they are.
+    #[serde(skip_serializing_if = "is_false")]
+    pub incremental_hosts: bool,
 
     /// Directory for the control file, the call log and the cloud state (config file only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -204,6 +210,7 @@ impl Default for FakeConfig {
             disable_zones: None,
             disable_clusters: None,
             bulk_instances: false,
+            incremental_hosts: false,
             state_dir: None,
             cloud_state_file: true,
             shared_state: false,

@@ -223,4 +223,55 @@ impl LoadBalancer for FakeCloud {
         // `externalIP` gives every load balancer the same address.
         self.settings().config.external_ip.is_some()
     }
+
+    fn incremental_hosts(&self) -> bool {
+        self.capabilities().incremental_hosts
+    }
+
+    fn update_load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+        change: &HostChange,
+    ) -> Result<()> {
+        let key = service_key(service);
+        let (added, removed) = (host_names(&change.added), host_names(&change.removed));
+        let args = json!({
+            "cluster": cluster_name,
+            "service": key,
+            "replace": change.replace,
+            "added": added,
+            "removed": removed,
+        });
+        let s = self.begin("UpdateLoadBalancerHosts", "update-hosts", args, ctx)?;
+        Self::elsewhere(&s, &key)?;
+        self.mutate(|state| match state.lbs.get_mut(&key) {
+            None => (
+                Err(ProviderError::not_found(format!(
+                    "load balancer for service {key} does not exist"
+                ))),
+                false,
+            ),
+            Some(lb) => {
+                let mut hosts = if change.replace {
+                    Vec::new()
+                } else {
+                    let gone: std::collections::HashSet<&str> =
+                        removed.iter().map(String::as_str).collect();
+                    lb.hosts
+                        .iter()
+                        .filter(|h| !gone.contains(h.as_str()))
+                        .cloned()
+                        .collect()
+                };
+                hosts.extend(added);
+                hosts.sort();
+                hosts.dedup();
+                let changed = lb.hosts != hosts;
+                lb.hosts = hosts;
+                (Ok(()), changed)
+            }
+        })
+    }
 }

@@ -101,6 +101,10 @@ const SDK_FILES: &[(&str, &str)] = &[
         include_str!("../../../provider-abi/src/ext.rs"),
     ),
     (
+        "src/ext_v1_2.rs",
+        include_str!("../../../provider-abi/src/ext_v1_2.rs"),
+    ),
+    (
         "src/lib.rs",
         include_str!("../../../provider-abi/src/lib.rs"),
     ),

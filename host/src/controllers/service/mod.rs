@@ -40,6 +40,11 @@
 //!   service and every node, so syncing once per changed node only repeats the same work: at
 //!   start-up with 5,000 nodes upstream runs 5,000 full node syncs (O(nodes² × LB services)),
 //!   here one. A change arriving during a sync still queues exactly one more sync.
+//! - One host set per node sync ([`node_sync::Round`]), one shared serialisation of it for full
+//!   `UpdateLoadBalancer` calls, and the ABI 1.2 incremental host update (only the added and
+//!   removed nodes) for plugins that offer it (docs/abi-1.2.md). Node syncs start at least
+//!   `--node-sync-interval` apart, so during mass node changes a load balancer gets at most one
+//!   host update per interval (staleness bound: docs/architecture.md).
 //! - The shared cache does not hold services that cannot have a load balancer
 //!   ([`crate::controllers::cache_trim`]). A key missing from the cache is read from the API
 //!   before it is treated as deleted, so the decisions are upstream's.
@@ -49,7 +54,8 @@ pub mod predicates;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use ccm_provider_abi::{ErrorKind, ProviderError};
@@ -63,7 +69,7 @@ use tokio::task::JoinSet;
 use super::node::kube_error_text;
 pub use super::sync_error::{Requeue, SyncError};
 use super::{publish_throttled, Controller, ControllerContext, ControllerName, NotStarted, Start};
-use crate::provider::Throttled;
+use crate::provider::{HostList, Throttled};
 use crate::runtime::events::{service_ref, EventRecorder, EventType};
 use crate::runtime::informer::Change;
 use crate::runtime::patches::{is_not_found, patch_service_status};
@@ -72,6 +78,7 @@ use crate::runtime::well_known::{
     LB_PROVIDER_CONDITION_REASON,
 };
 use crate::runtime::workqueue::WorkQueue;
+use ccm_provider_abi::ext_v1_2::{ExtCapabilitiesV1_2, NO_BASE};
 
 pub use predicates::ClassPolicy;
 use predicates::{
@@ -171,6 +178,18 @@ pub struct ServiceController {
     last_synced: Mutex<node_sync::LastSynced>,
     /// Services whose EnsureLoadBalancer has succeeded (beyond upstream, see `node_sync_service`).
     ensured: Mutex<HashSet<String>>,
+    /// ABI 1.2: per service key, the token of the host set the plugin acknowledged last
+    /// (docs/abi-1.2.md). Taken out while an update runs; forgotten by EnsureLoadBalancer, a
+    /// failed update and the service's deletion.
+    host_tokens: Mutex<HashMap<String, u64>>,
+    /// The next token to hand out (never `NO_BASE`).
+    next_token: AtomicU64,
+    /// Numbers the node listings whose host sets are stored ([`node_sync::Stored`]), in order.
+    listings: AtomicU64,
+    /// The provider answered the 1.2 call `NOT_IMPLEMENTED`: full updates from now on.
+    incremental_off: AtomicBool,
+    /// Least time between the starts of two node syncs ([`ControllerConfig::node_sync_interval`]).
+    node_sync_interval: Duration,
     service_queue: WorkQueue<String>,
     node_queue: WorkQueue<String>,
 }
@@ -218,6 +237,11 @@ impl ServiceController {
             cache: Mutex::default(),
             last_synced: Mutex::default(),
             ensured: Mutex::default(),
+            host_tokens: Mutex::default(),
+            next_token: AtomicU64::new(NO_BASE + 1),
+            listings: AtomicU64::new(0),
+            incremental_off: AtomicBool::new(false),
+            node_sync_interval: ctx.config.node_sync_interval,
             service_queue: WorkQueue::new(
                 &ctx.queue_name("service"),
                 MIN_RETRY_DELAY,
@@ -245,10 +269,16 @@ impl ServiceController {
         lock(&self.cache).get(key).cloned()
     }
 
+    /// Whether the service's EnsureLoadBalancer has succeeded in this process: from then on
+    /// node syncs update its hosts (before, they hand it back to the service queue).
+    pub fn is_ensured(&self, key: &str) -> bool {
+        lock(&self.ensured).contains(key)
+    }
+
     /// Names of the hosts last sent to the cloud for a service, sorted.
     pub fn last_synced_node_names(&self, key: &str) -> Option<Vec<String>> {
-        lock(&self.last_synced).get(key).map(|nodes| {
-            let mut v: Vec<String> = nodes.iter().map(|n| node_key(n)).collect();
+        lock(&self.last_synced).get(key).map(|stored| {
+            let mut v: Vec<String> = stored.hosts.iter().map(|n| node_key(n)).collect();
             v.sort();
             v
         })
@@ -426,7 +456,22 @@ impl ServiceController {
         {
             let this = self.clone();
             crate::controllers::spawn_in_span(&mut tasks, async move {
-                while this.process_next_node_item().await {}
+                // Coalescing (beyond upstream): a node sync starts at least
+                // `node_sync_interval` after the previous one started. Changes arriving
+                // meanwhile only mark the one node key, so during mass node changes each load
+                // balancer gets at most one host update per interval; a change after a quiet
+                // spell is synced at once. Staleness bound: docs/architecture.md.
+                let mut last_start: Option<tokio::time::Instant> = None;
+                loop {
+                    if let Some(start) = last_start {
+                        tokio::time::sleep_until(start + this.node_sync_interval).await;
+                    }
+                    let Some(key) = this.node_queue.get().await else {
+                        break;
+                    };
+                    last_start = Some(tokio::time::Instant::now());
+                    this.process_node_item(key).await;
+                }
             });
         }
 
@@ -494,12 +539,16 @@ impl ServiceController {
         let Some(key) = self.node_queue.get().await else {
             return false;
         };
+        self.process_node_item(key).await;
+        true
+    }
+
+    async fn process_node_item(&self, key: String) {
         for svc in self.sync_nodes().await {
             self.service_queue.add(svc);
         }
         self.node_queue.forget(&key);
         self.node_queue.done(&key);
-        true
     }
 
     // ---- service sync -----------------------------------------------------------------------
@@ -543,6 +592,7 @@ impl ServiceController {
         self.process_load_balancer_delete(&cached).await?;
         lock(&self.cache).remove(key);
         lock(&self.last_synced).remove(key);
+        lock(&self.host_tokens).remove(key);
         lock(&self.ensured).remove(key);
         Ok(())
     }
@@ -618,6 +668,7 @@ impl ServiceController {
             Ok(Op::Delete) => {
                 lock(&self.cache).remove(key);
                 lock(&self.last_synced).remove(key);
+                lock(&self.host_tokens).remove(key);
                 lock(&self.ensured).remove(key);
                 Ok(())
             }
@@ -751,6 +802,7 @@ impl ServiceController {
         svc: &Service,
         key: &str,
     ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
+        let listing = self.listings.fetch_add(1, Ordering::SeqCst) + 1;
         let nodes: Vec<Arc<Node>> = self
             .ctx
             .nodes
@@ -766,7 +818,15 @@ impl ServiceController {
                 NO_NODES_MESSAGE,
             );
         }
-        lock(&self.last_synced).insert(key.to_string(), nodes.clone());
+        // A full call: the plugin's 1.2 token for this load balancer is void.
+        lock(&self.host_tokens).remove(key);
+        lock(&self.last_synced).insert(
+            key.to_string(),
+            node_sync::Stored {
+                listing,
+                hosts: Arc::new(nodes.clone()),
+            },
+        );
         self.ctx
             .provider
             .ensure_load_balancer(self.cluster(), svc, &nodes)
@@ -842,21 +902,30 @@ impl ServiceController {
 
     /// Upstream `syncNodes`: update the hosts of every cached load-balancer service whose host
     /// set changed, with `--concurrent-service-syncs` parallelism. Returns the keys to retry.
+    ///
+    /// Beyond upstream: the host set is computed once for the whole sync and shared by every
+    /// service ([`node_sync::Round`]); its JSON for full `UpdateLoadBalancer` calls is made once,
+    /// on first need, and handed to every call ([`HostList`]); ABI 1.2 plugins get only the
+    /// change ([`Self::push_hosts`]).
     pub async fn sync_nodes(&self) -> BTreeSet<String> {
         let started = Instant::now();
         let services: Vec<Arc<Service>> = lock(&self.cache).values().cloned().collect();
         let total = services.len();
+        let round = self.new_round();
         let retry = Mutex::new(BTreeSet::new());
         futures::stream::iter(services)
             .for_each_concurrent(self.workers, |svc| {
-                let retry = &retry;
+                let (retry, round) = (&retry, &round);
                 async move {
-                    if self.node_sync_service(&svc).await {
+                    if self.node_sync_service(&svc, round).await {
                         lock(retry).insert(service_key(&svc));
                     }
                 }
             })
             .await;
+        if let Some(Ok(full)) = round.full.into_inner() {
+            full.release();
+        }
         let retry = retry.into_inner().unwrap_or_else(|p| p.into_inner());
         tracing::debug!(
             controller = NAME,
@@ -870,8 +939,17 @@ impl ServiceController {
         retry
     }
 
+    /// A node-sync round over the current nodes.
+    fn new_round(&self) -> NodeSyncRound {
+        let listing = self.listings.fetch_add(1, Ordering::SeqCst) + 1;
+        NodeSyncRound {
+            plan: node_sync::Round::new(self.ctx.nodes.list(), listing),
+            full: OnceLock::new(),
+        }
+    }
+
     /// Upstream `nodeSyncService`: true when the service must be retried.
-    async fn node_sync_service(&self, svc: &Service) -> bool {
+    async fn node_sync_service(&self, svc: &Service, round: &NodeSyncRound) -> bool {
         if !self.policy.wants_load_balancer(svc) || !self.responsible(svc) {
             return false;
         }
@@ -891,17 +969,36 @@ impl ServiceController {
         }
         // The shared informer's cache cannot fail to list; the error branch of the plan is kept
         // for parity with upstream's lister.
-        let listed = Ok(self.ctx.nodes.list());
-        let plan = node_sync::plan(&mut lock(&self.last_synced), &key, listed);
+        let mut plan = node_sync::plan(&mut lock(&self.last_synced), &key, Ok(&round.plan));
+        // An EnsureLoadBalancer stored a set listed after this round began: like upstream's
+        // per-service listing, compare with the nodes as they are now (rare: a round of its own
+        // for this service).
+        let fresh;
+        let round = if matches!(plan, node_sync::NodeSyncPlan::Stale) {
+            fresh = self.new_round();
+            plan = node_sync::plan(&mut lock(&self.last_synced), &key, Ok(&fresh.plan));
+            &fresh
+        } else {
+            round
+        };
         match plan {
+            // Only when an EnsureLoadBalancer listed again meanwhile; the next node sync
+            // (queued by the change it saw) settles it.
+            node_sync::NodeSyncPlan::Stale => false,
             node_sync::NodeSyncPlan::Skip => false,
             node_sync::NodeSyncPlan::Retry(e) => {
                 tracing::error!(controller = NAME, "failed to retrieve node list: {e}");
                 self.ctx.metrics.service_nodesync_error_total.inc();
                 true
             }
-            node_sync::NodeSyncPlan::Update(hosts) => {
-                match self.update_load_balancer_hosts(svc, &hosts).await {
+            node_sync::NodeSyncPlan::Update { hosts, delta } => {
+                let change = HostsUpdate {
+                    key: &key,
+                    hosts: &hosts,
+                    delta: delta.as_deref(),
+                    round,
+                };
+                match self.update_load_balancer_hosts(svc, &change).await {
                     Ok(()) => false,
                     // Not a node-sync error: the service queue retries it, and its call waits
                     // for the pause.
@@ -919,15 +1016,90 @@ impl ServiceController {
         }
     }
 
+    /// Whether host updates go through the ABI 1.2 incremental call.
+    fn incremental(&self) -> bool {
+        self.ctx
+            .provider
+            .ext_v1_2_capabilities()
+            .contains(ExtCapabilitiesV1_2::INCREMENTAL_HOSTS)
+            && !self.incremental_off.load(Ordering::Relaxed)
+    }
+
+    /// Send `change` to the cloud: the ABI 1.2 incremental call when the provider offers it
+    /// (the change against the token the plugin acknowledged, or the whole set when there is no
+    /// token or the plugin answers `BASE_MISMATCH`), the full `UpdateLoadBalancer` with the
+    /// round's shared host list otherwise (docs/abi-1.2.md).
+    async fn push_hosts(
+        &self,
+        svc: &Service,
+        change: &HostsUpdate<'_>,
+    ) -> Result<(), ProviderError> {
+        let provider = &self.ctx.provider;
+        let cluster = self.cluster();
+        if self.incremental() {
+            // Taken out: an error or a mismatch leaves no token behind.
+            let base = lock(&self.host_tokens).remove(change.key);
+            let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+            let outcome = match (base, change.delta) {
+                (Some(base), Some(delta)) => {
+                    let (added, removed) = delta.lists()?;
+                    provider
+                        .update_load_balancer_hosts(cluster, svc, base, token, &added, &removed)
+                        .await
+                }
+                // No token, or no stored set to take a difference from: the whole set.
+                _ => Ok(false),
+            };
+            let applied = match outcome {
+                Ok(true) => true,
+                Ok(false) => {
+                    let full = change.round.full(change.hosts)?;
+                    match provider
+                        .update_load_balancer_hosts(
+                            cluster,
+                            svc,
+                            NO_BASE,
+                            token,
+                            &full,
+                            &HostList::empty(),
+                        )
+                        .await
+                    {
+                        Ok(applied) => applied,
+                        Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => false,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => false,
+                Err(e) => return Err(e),
+            };
+            if applied {
+                lock(&self.host_tokens).insert(change.key.to_string(), token);
+                return Ok(());
+            }
+            // NOT_IMPLEMENTED, or a whole set refused as a mismatch: this provider instance
+            // does not do incremental updates after all.
+            tracing::info!(
+                controller = NAME,
+                "the cloud provider does not apply incremental host updates; sending full host lists"
+            );
+            self.incremental_off.store(true, Ordering::Relaxed);
+        }
+        let full = change.round.full(change.hosts)?;
+        provider
+            .update_load_balancer_shared(cluster, svc, &full)
+            .await
+    }
+
     /// Upstream `lockedUpdateLoadBalancerHosts`.
     async fn update_load_balancer_hosts(
         &self,
         svc: &Service,
-        hosts: &[Arc<Node>],
+        change: &HostsUpdate<'_>,
     ) -> Result<(), ProviderError> {
         let started = Instant::now();
         self.ctx.metrics.service_lb_sync_total.inc();
-        let result = self.update_load_balancer_hosts_inner(svc, hosts).await;
+        let result = self.update_load_balancer_hosts_inner(svc, change).await;
         self.ctx
             .metrics
             .service_update_lb_host_latency
@@ -938,14 +1110,10 @@ impl ServiceController {
     async fn update_load_balancer_hosts_inner(
         &self,
         svc: &Service,
-        hosts: &[Arc<Node>],
+        change: &HostsUpdate<'_>,
     ) -> Result<(), ProviderError> {
-        let err = match self
-            .ctx
-            .provider
-            .update_load_balancer(self.cluster(), svc, hosts)
-            .await
-        {
+        let hosts: &[Arc<Node>] = change.hosts;
+        let err = match self.push_hosts(svc, change).await {
             Ok(()) => {
                 if hosts.is_empty() {
                     self.event(
@@ -997,4 +1165,28 @@ impl ServiceController {
         );
         Err(err)
     }
+}
+
+/// One node sync's shared state: the plan's host set and deltas, and the host set's JSON for
+/// full calls (made once, on first need).
+struct NodeSyncRound {
+    plan: node_sync::Round,
+    full: OnceLock<Result<HostList, ProviderError>>,
+}
+
+impl NodeSyncRound {
+    /// The round's host set serialised once for every full call of the round.
+    fn full(&self, hosts: &[Arc<Node>]) -> Result<HostList, ProviderError> {
+        self.full.get_or_init(|| HostList::new(hosts)).clone()
+    }
+}
+
+/// What one service's host update is about.
+struct HostsUpdate<'a> {
+    key: &'a str,
+    /// The fresh set (the round's).
+    hosts: &'a node_sync::HostSet,
+    /// The change from the service's stored set (`None`: nothing was stored).
+    delta: Option<&'a node_sync::HostDelta>,
+    round: &'a NodeSyncRound,
 }
