@@ -5,6 +5,7 @@
 //! one-line reason naming the file, and only becomes fatal if the user selected one of its
 //! providers (see [`PluginRegistry::create`]).
 
+mod deps;
 mod loader;
 mod registrar;
 
