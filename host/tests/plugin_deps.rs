@@ -85,13 +85,7 @@ fn an_origin_bundle_loads_with_its_library_next_to_it() {
     assert!(marker.is_file(), "the bundled library was not loaded");
     // The library itself sits in the plugin directory: scanned, and refused as no plugin.
     let lib = refusal(&listing, "libccmbundle.so").expect("the library is listed as refused");
-    assert!(
-        lib["reason"]
-            .as_str()
-            .unwrap()
-            .contains("is not a ccm-host provider plugin"),
-        "{lib:#}"
-    );
+    assert_eq!(lib["kind"], "NotAPlugin", "{lib:#}");
 }
 
 #[test]
@@ -108,6 +102,7 @@ fn a_dependency_in_a_world_writable_directory_is_refused_before_it_runs() {
     assert_eq!(out.status.code(), Some(1), "{stderr}\n{listing:#}");
     assert_eq!(listing["plugins"], serde_json::json!([]), "{listing:#}");
     let refused = refusal(&listing, "libccm_fixture_bundled.so").expect("the plugin is refused");
+    assert_eq!(refused["kind"], "InsecureDependency", "{refused:#}");
     let reason = refused["reason"].as_str().unwrap();
     let deps_dir = std::fs::canonicalize(&deps).unwrap();
     assert_eq!(
@@ -132,14 +127,18 @@ fn a_dependency_in_a_world_writable_directory_is_refused_before_it_runs() {
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o666)).unwrap();
     let (out, listing) = list(&plugins, &marker);
     assert_eq!(out.status.code(), Some(1), "{listing:#}");
-    let reason = refusal(&listing, "libccm_fixture_bundled.so").unwrap()["reason"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        reason.starts_with("its dependency libccmbundle.so (")
-            && reason.contains("found through RUNPATH $ORIGIN): refusing to load it: the file is writable by group or others (mode 666)"),
-        "{reason}"
+    let refused = refusal(&listing, "libccm_fixture_bundled.so").unwrap();
+    assert_eq!(refused["kind"], "InsecureDependency", "{refused:#}");
+    let lib = std::fs::canonicalize(&lib).unwrap();
+    assert_eq!(
+        refused["reason"],
+        format!(
+            "its dependency libccmbundle.so ({}, found through RUNPATH $ORIGIN): refusing to load \
+             it: the file is writable by group or others (mode 666); fix it with `chmod go-w {}` \
+             or pass --allow-insecure-plugins",
+            lib.display(),
+            lib.display()
+        )
     );
     assert!(!marker.exists());
 

@@ -38,7 +38,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::loader::{directory_problem, fix_command, ownership_problem, read_elf, Dynamic};
-use super::LoaderOptions;
+use super::{LoaderOptions, Refusal};
 
 /// At most this many libraries are resolved for one plugin (a loop guard; real plugins need a
 /// handful).
@@ -68,7 +68,7 @@ pub(super) fn resolve(
     plugin: &Path,
     dynamic: &Dynamic,
     options: &LoaderOptions,
-) -> Result<Vec<Dependency>, String> {
+) -> Result<Vec<Dependency>, Refusal> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     seen.insert(plugin.to_path_buf());
@@ -83,7 +83,7 @@ fn visit(
     options: &LoaderOptions,
     seen: &mut HashSet<PathBuf>,
     out: &mut Vec<Dependency>,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let origin = object.parent().unwrap_or(Path::new("/"));
     // glibc: DT_RPATH of the object and of the objects that loaded it, unless the object has a
     // DT_RUNPATH, which then is the only path of its own (and is not passed on).
@@ -99,6 +99,10 @@ fn visit(
     if let Some(runpath) = &dynamic.runpath {
         dirs.extend(search_dirs("RUNPATH", runpath, origin)?);
     }
+    if dirs.is_empty() && !dynamic.needed.iter().any(|n| n.contains('/')) {
+        // Everything it needs comes from the system's paths.
+        return Ok(());
+    }
     for name in &dynamic.needed {
         let (candidate, via) = if name.contains('/') {
             (PathBuf::from(name), None)
@@ -112,39 +116,48 @@ fn visit(
                 None => continue,
             }
         };
-        let path = fs::canonicalize(&candidate).map_err(|e| {
-            format!(
-                "its dependency {name} ({}) cannot be read: {e}",
-                candidate.display()
-            )
+        let path = fs::canonicalize(&candidate).map_err(|e| Refusal::Dependency {
+            name: name.clone(),
+            location: candidate.display().to_string(),
+            reason: format!("cannot be read: {e}"),
         })?;
         if !seen.insert(path.clone()) {
             continue;
         }
         if seen.len() > MAX_DEPENDENCIES {
-            return Err(format!(
+            return Err(Refusal::SearchPath(format!(
                 "it needs more than {MAX_DEPENDENCIES} libraries through its own search path"
-            ));
+            )));
         }
         let found = match via {
             Some(d) => format!("{}, found through {}", path.display(), d.entry),
             None => path.display().to_string(),
         };
-        let file = open_checked(&path, options)
-            .map_err(|why| format!("its dependency {name} ({found}): {why}"))?;
-        let dep_dynamic = read_elf(&file).map_err(|why| {
-            format!("its dependency {name} ({found}) is not a usable shared library ({why})")
+        let dependency = |reason: String| Refusal::Dependency {
+            name: name.clone(),
+            location: found.clone(),
+            reason,
+        };
+        let file = open_checked(&path, options).map_err(|problem| match problem {
+            Problem::Insecure { problems, fixes } => Refusal::InsecureDependency {
+                name: name.clone(),
+                location: found.clone(),
+                problems,
+                fixes,
+            },
+            Problem::Other(reason) => dependency(reason),
         })?;
+        let dep_dynamic = read_elf(&file)
+            .map_err(|why| dependency(format!("is not a usable shared library ({why})")))?;
         if via.is_some_and(|d| d.origin) && dep_dynamic.soname.as_deref() != Some(name.as_str()) {
-            return Err(format!(
-                "its dependency {name} ({found}) has {}; a library found through $ORIGIN must \
-                 have its needed name as SONAME (the host loads plugins by descriptor): relink \
-                 it with -Wl,-soname,{name}",
+            return Err(dependency(format!(
+                "has {}; a library found through $ORIGIN must have its needed name as SONAME \
+                 (the host loads plugins by descriptor): relink it with -Wl,-soname,{name}",
                 match &dep_dynamic.soname {
                     Some(s) => format!("the SONAME {s:?}"),
                     None => "no SONAME".to_string(),
                 }
-            ));
+            )));
         }
         visit(&path, &dep_dynamic, &rpath_chain, options, seen, out)?;
         out.push(Dependency {
@@ -158,7 +171,7 @@ fn visit(
 
 /// The directories of a `:`-separated search path, `$ORIGIN` / `${ORIGIN}` replaced by
 /// `origin`. An empty entry is the current directory, as for glibc.
-fn search_dirs(kind: &str, path: &str, origin: &Path) -> Result<Vec<SearchDir>, String> {
+fn search_dirs(kind: &str, path: &str, origin: &Path) -> Result<Vec<SearchDir>, Refusal> {
     let mut dirs = Vec::new();
     for entry in path.split(':') {
         let uses_origin = entry.contains("$ORIGIN") || entry.contains("${ORIGIN}");
@@ -166,10 +179,10 @@ fn search_dirs(kind: &str, path: &str, origin: &Path) -> Result<Vec<SearchDir>, 
             .replace("${ORIGIN}", &origin.to_string_lossy())
             .replace("$ORIGIN", &origin.to_string_lossy());
         if expanded.contains('$') {
-            return Err(format!(
+            return Err(Refusal::SearchPath(format!(
                 "its {kind} entry {entry:?} uses a dynamic string token other than $ORIGIN \
                  ($LIB, $PLATFORM), which the host does not resolve; use $ORIGIN or an absolute path"
-            ));
+            )));
         }
         dirs.push(SearchDir {
             dir: PathBuf::from(if expanded.is_empty() { "." } else { &expanded }),
@@ -193,17 +206,26 @@ fn already_loaded(name: &str) -> bool {
 /// Open `path` (symlinks already resolved) without following a symlink and check it and the
 /// directories above it as the plugin is checked; with `--allow-insecure-plugins` the problems
 /// are warnings.
-fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String> {
+/// Why a dependency cannot be used.
+enum Problem {
+    Insecure {
+        problems: Vec<String>,
+        fixes: Vec<String>,
+    },
+    Other(String),
+}
+
+fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, Problem> {
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("cannot be opened: {e}"))?;
+        .map_err(|e| Problem::Other(format!("cannot be opened: {e}")))?;
     let meta = file
         .metadata()
-        .map_err(|e| format!("cannot be read: {e}"))?;
+        .map_err(|e| Problem::Other(format!("cannot be read: {e}")))?;
     if !meta.is_file() {
-        return Err("is not a regular file".into());
+        return Err(Problem::Other("is not a regular file".into()));
     }
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
@@ -212,8 +234,8 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String
         fixes.push(fix_command(&meta, path));
     }
     for dir in path.ancestors().skip(1) {
-        let dir_meta =
-            fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let dir_meta = fs::metadata(dir)
+            .map_err(|e| Problem::Other(format!("cannot be checked: {}: {e}", dir.display())))?;
         if let Some(problem) = directory_problem(&dir_meta) {
             problems.push(format!("the directory {} {problem}", dir.display()));
             fixes.push(fix_command(&dir_meta, dir));
@@ -228,17 +250,13 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String
         }
         return Ok(file);
     }
-    Err(format!(
-        "refusing to load it: {}; fix it with `{}` or pass --allow-insecure-plugins",
-        problems.join("; "),
-        fixes.join(" && ")
-    ))
+    Err(Problem::Insecure { problems, fixes })
 }
 
 /// Load the checked dependencies, in order, each through its descriptor (kept open, as the
 /// libraries are never unloaded). `Err` is the dynamic loader's reason, naming the library.
 #[allow(unsafe_code)] // dlopen
-pub(super) fn preload(deps: Vec<Dependency>) -> Result<(), String> {
+pub(super) fn preload(deps: Vec<Dependency>) -> Result<(), Refusal> {
     for dep in deps {
         let fd_path = format!("/proc/self/fd/{}", dep.file.as_raw_fd());
         // SAFETY: loading runs the library's constructors: it passed the same trust checks as
@@ -249,13 +267,10 @@ pub(super) fn preload(deps: Vec<Dependency>) -> Result<(), String> {
                 libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
             )
         }
-        .map_err(|e| {
-            format!(
-                "its dependency {} ({}) cannot be loaded: {}",
-                dep.name,
-                dep.path.display(),
-                super::loader::dl_reason(&e)
-            )
+        .map_err(|e| Refusal::Dependency {
+            name: dep.name.clone(),
+            location: dep.path.display().to_string(),
+            reason: format!("cannot be loaded: {}", super::loader::dl_reason(&e)),
         })?;
         std::mem::forget(library);
         std::mem::forget(dep.file);

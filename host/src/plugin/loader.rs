@@ -11,7 +11,7 @@ use ccm_provider_abi::abi::PluginModule_Ref;
 use ccm_provider_abi::ext::{self, ExtV1_1Export, PanicStrategy, PluginExtV1_1_Ref};
 
 use super::registrar::HostRegistrar;
-use super::{Factory, LoadedPlugin, SelectError};
+use super::{Factory, LoadedPlugin, Refusal, SelectError};
 
 /// How plugins are loaded.
 #[derive(Debug, Clone)]
@@ -141,18 +141,20 @@ fn with_deadline<T: Send + 'static>(
 /// and every directory above it checked as sudo and ssh do (owned by root or the current user,
 /// not writable by group or others unless sticky). With `allow_insecure` each problem is a
 /// warning instead of a refusal.
-fn open_checked(path: &Path, options: &LoaderOptions) -> Result<(fs::File, PathBuf), String> {
-    let resolved = fs::canonicalize(path).map_err(|e| format!("cannot read the file: {e}"))?;
+fn open_checked(path: &Path, options: &LoaderOptions) -> Result<(fs::File, PathBuf), Refusal> {
+    let unreadable = |why: String| Refusal::Unreadable(why);
+    let resolved =
+        fs::canonicalize(path).map_err(|e| unreadable(format!("cannot read the file: {e}")))?;
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(&resolved)
-        .map_err(|e| format!("cannot open {}: {e}", resolved.display()))?;
+        .map_err(|e| unreadable(format!("cannot open {}: {e}", resolved.display())))?;
     let meta = file
         .metadata()
-        .map_err(|e| format!("cannot read the file: {e}"))?;
+        .map_err(|e| unreadable(format!("cannot read the file: {e}")))?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(unreadable("not a regular file".into()));
     }
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
@@ -166,8 +168,8 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<(fs::File, PathB
         fixes.push(fix_command(&meta, &resolved));
     }
     for dir in resolved.ancestors().skip(1) {
-        let dir_meta =
-            fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let dir_meta = fs::metadata(dir)
+            .map_err(|e| unreadable(format!("cannot read {}: {e}", dir.display())))?;
         if let Some(problem) = directory_problem(&dir_meta) {
             problems.push(format!("the directory {} {problem}", dir.display()));
             fixes.push(fix_command(&dir_meta, dir));
@@ -182,11 +184,7 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<(fs::File, PathB
         }
         return Ok((file, resolved));
     }
-    Err(format!(
-        "refusing to load: {}; fix it with `{}` or pass --allow-insecure-plugins",
-        problems.join("; "),
-        fixes.join(" && ")
-    ))
+    Err(Refusal::Insecure { problems, fixes })
 }
 
 /// A directory above a plugin is unsafe when someone other than root or the current user could
@@ -214,7 +212,7 @@ pub(super) fn directory_problem(meta: &fs::Metadata) -> Option<String> {
 
 /// Load and register one plugin; `Err` is the one-line reason it was refused.
 #[allow(unsafe_code)] // dlopen and reading the plugin's exported symbols
-pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, String> {
+pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Refusal> {
     let (file, resolved) = open_checked(path, options)?;
     let dynamic = check_elf(&file)?;
     // The libraries it needs through its own search path, checked like the plugin and loaded
@@ -237,7 +235,7 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
         )
     })
-    .map_err(|e| format!("cannot be loaded as a shared library: {}", dl_reason(&e)))?;
+    .map_err(|e| Refusal::Dlopen(dl_reason(&e)))?;
     // The dynamic loader knows this library by the name /proc/self/fd/N and would hand it out
     // again for a later dlopen of the same name: keep the descriptor (and so the number) for
     // the life of the process, as the library itself is never unloaded.
@@ -249,11 +247,11 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
         match library.get::<AbiHeaderRef>(ROOT_MODULE_LOADER_NAME_WITH_NUL.as_bytes()) {
             Ok(symbol) => *symbol,
             Err(_) => {
-                return Err(
-                    "is not a ccm-host provider plugin (it exports no plugin root module; \
-                     build it with ccm_provider_abi::export_plugin!)"
+                return Err(Refusal::NotAPlugin(
+                    "it exports no plugin root module; build it with \
+                     ccm_provider_abi::export_plugin!"
                         .into(),
-                )
+                ))
             }
         }
     };
@@ -272,15 +270,8 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
     std::mem::forget(library);
 
     let lib_header = header.upgrade().map_err(|e| match e {
-        LibraryError::InvalidAbiHeader(_) => {
-            "was built with an incompatible abi_stable release; rebuild it against the \
-             ccm-provider-abi version this host uses"
-                .to_string()
-        }
-        other => format!(
-            "abi_stable header check failed: {}",
-            first_line(&other.to_string())
-        ),
+        LibraryError::InvalidAbiHeader(_) => Refusal::AbiStableRelease,
+        other => Refusal::AbiHeader(first_line(&other.to_string())),
     })?;
 
     let mut abi_version = lib_header.version_strings().version.to_string();
@@ -294,17 +285,13 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
                 | LibraryError::IncompatibleVersionNumber { .. } => {
                     let full = e.to_string();
                     tracing::debug!(plugin = %path.display(), "full ABI report:\n{full}");
-                    format!(
-                        "its plugin interface does not match this host{}; {}",
-                        root_mismatch(lib_header.layout())
+                    Refusal::InterfaceMismatch {
+                        detail: root_mismatch(lib_header.layout())
                             .unwrap_or_else(|| format!(" ({})", useful_tail(&full))),
-                        rebuild_advice()
-                    )
+                        advice: rebuild_advice(),
+                    }
                 }
-                other => format!(
-                    "its root module failed to initialise: {}",
-                    first_line(&other.to_string())
-                ),
+                other => Refusal::RootModuleInit(first_line(&other.to_string())),
             })?;
 
     let registrar = HostRegistrar::new(path, options.max_log_level);
@@ -329,15 +316,10 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
     };
     let registrations = registrar.take();
     match result {
-        None => {
-            return Err(format!(
-                "its register function did not return within {REGISTER_DEADLINE:?} (it is left \
-                 running on its own thread; the plugin is not used)"
-            ))
-        }
+        None => return Err(Refusal::RegisterTimeout(REGISTER_DEADLINE)),
         Some(r) => {
             if let Err(e) = r.into_result() {
-                return Err(format!("its register function failed: {e}"));
+                return Err(Refusal::RegisterFailed(e.to_string()));
             }
         }
     }
@@ -355,25 +337,20 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
 
 /// Check the 1.1 extension module a plugin exported: its layout against this host's, then
 /// the plugin's panic strategy.
-fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Ref, String> {
+fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Ref, Refusal> {
     if let Err(errors) = abi_stable::abi_stability::abi_checking::check_layout_compatibility(
         ext::expected_layout(),
         export.layout,
     ) {
         tracing::debug!(plugin = %path.display(), "full ABI report of the 1.1 extension:\n{errors}");
-        return Err(format!(
-            "its ABI 1.1 extension does not match this host: {}; {}",
-            describe_mismatch(&errors),
-            rebuild_advice()
-        ));
+        return Err(Refusal::ExtensionMismatch {
+            detail: describe_mismatch(&errors),
+            advice: rebuild_advice(),
+        });
     }
     let module = export.module;
     if module.panic_strategy() == PanicStrategy::ABORT {
-        return Err(
-            "was built with panic = \"abort\": its first panic would end the whole host; \
-             rebuild it with panic = \"unwind\" (the default) so the SDK can catch panics"
-                .into(),
-        );
+        return Err(Refusal::PanicAbort);
     }
     Ok(module)
 }
@@ -387,8 +364,8 @@ fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Re
 /// Parsed here rather than with the `object` crate: `object` is in the tree only as a build
 /// dependency (of psm, through ar_archive_writer), so using it would compile it again for the
 /// host, for the three tables this function already walks.
-fn check_elf(file: &fs::File) -> Result<Dynamic, String> {
-    read_elf(file).map_err(|why| format!("is not a ccm-host provider plugin ({why})"))
+fn check_elf(file: &fs::File) -> Result<Dynamic, Refusal> {
+    read_elf(file).map_err(Refusal::NotAPlugin)
 }
 
 /// [`check_elf`]'s checks with the bare reason (used for dependencies too).
@@ -646,15 +623,16 @@ pub fn rebuild_advice() -> String {
 
 /// Any plugin of the host's major version loads: older minors through the frozen 1.0 interface
 /// and the extension modules they have, newer ones with the extensions this host knows.
-fn check_version(plugin: &str) -> Result<(), String> {
+fn check_version(plugin: &str) -> Result<(), Refusal> {
     let (major, _) = host_abi();
-    let parsed = parse_version(plugin)
-        .ok_or_else(|| format!("records an unparsable ccm-provider-abi version {plugin:?}"))?;
+    let parsed =
+        parse_version(plugin).ok_or_else(|| Refusal::AbiVersionUnparsable(plugin.to_string()))?;
     if parsed.0 != major {
-        return Err(format!(
-            "was built against ccm-provider-abi {plugin}, this host loads {major}.x: {}",
-            rebuild_advice()
-        ));
+        return Err(Refusal::AbiVersion {
+            plugin: plugin.to_string(),
+            host_major: major,
+            advice: rebuild_advice(),
+        });
     }
     Ok(())
 }
@@ -897,11 +875,24 @@ mod tests {
         assert!(check_version("1.3.2").is_ok());
         let err = check_version("0.9.0").unwrap_err();
         assert!(
-            err.contains("this host loads 1.x: rebuild it against ccm-provider-abi 1.x, x <= "),
+            matches!(&err, Refusal::AbiVersion { plugin, host_major: 1, .. } if plugin == "0.9.0"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with(
+                "was built against ccm-provider-abi 0.9.0, this host loads 1.x: rebuild it \
+                 against ccm-provider-abi 1.x, x <= "
+            ),
             "{err}"
         );
-        assert!(check_version("2.0.0").is_err());
-        assert!(check_version("garbage").unwrap_err().contains("unparsable"));
+        assert!(matches!(
+            check_version("2.0.0"),
+            Err(Refusal::AbiVersion { .. })
+        ));
+        assert_eq!(
+            check_version("garbage"),
+            Err(Refusal::AbiVersionUnparsable("garbage".into()))
+        );
     }
 
     #[test]
