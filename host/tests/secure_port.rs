@@ -770,3 +770,114 @@ async fn client_certificates_from_client_ca_file_or_the_cluster_lookup() {
         "{tolerated}"
     );
 }
+
+/// `--tls-min-version` and `--tls-cipher-suites` are applied to the secure port, checked with
+/// real handshakes; values rustls cannot serve are refused at start-up, one line each, exit 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_flags_are_applied_or_refused() {
+    use rustls::crypto::ring::cipher_suite as cs;
+    use rustls::version::{TLS12, TLS13};
+    let server = ApiServer::start().await.unwrap();
+    let (dir, kubeconfig) = setup();
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    tokio::task::block_in_place(|| {
+        let handshake = |port: u16,
+                         versions: &[&'static rustls::SupportedProtocolVersion],
+                         suites: &[rustls::SupportedCipherSuite]| {
+            https::connect(
+                port,
+                https::any_cert_offering(versions, suites),
+                "localhost",
+            )
+            .map(|tls| {
+                (
+                    tls.conn.protocol_version(),
+                    tls.conn.negotiated_cipher_suite().map(|s| s.suite()),
+                )
+            })
+        };
+        let tls12_suite = cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256;
+        let tls13_suite = cs::TLS13_AES_128_GCM_SHA256;
+
+        // Default: TLS 1.2 and 1.3.
+        let host = Host::start(dir.path(), "default", &kubeconfig, &[], None);
+        assert_eq!(
+            handshake(host.port, &[&TLS12], &[tls12_suite]).unwrap().0,
+            Some(rustls::ProtocolVersion::TLSv1_2)
+        );
+        drop(host);
+
+        // VersionTLS13: a TLS 1.2 client is refused in the handshake, TLS 1.3 is served.
+        let host = Host::start(
+            dir.path(),
+            "tls13",
+            &kubeconfig,
+            &["--tls-min-version=VersionTLS13"],
+            None,
+        );
+        assert!(
+            handshake(host.port, &[&TLS12], &[tls12_suite]).is_err(),
+            "TLS 1.2 refused"
+        );
+        assert_eq!(
+            handshake(host.port, &[&TLS13], &[tls13_suite]).unwrap().0,
+            Some(rustls::ProtocolVersion::TLSv1_3)
+        );
+        assert_eq!(host.get("/healthz", None).0, 200);
+        drop(host);
+
+        // One TLS 1.2 suite: a client offering only another one is refused; TLS 1.3 stays.
+        let host = Host::start(
+            dir.path(),
+            "suites",
+            &kubeconfig,
+            &["--tls-cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"],
+            None,
+        );
+        assert!(
+            handshake(host.port, &[&TLS12], &[tls12_suite]).is_err(),
+            "a suite not listed is refused"
+        );
+        assert_eq!(
+            handshake(
+                host.port,
+                &[&TLS12],
+                &[tls12_suite, cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384]
+            )
+            .unwrap(),
+            (
+                Some(rustls::ProtocolVersion::TLSv1_2),
+                Some(rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384)
+            )
+        );
+        assert_eq!(
+            handshake(host.port, &[&TLS13], &[tls13_suite]).unwrap().0,
+            Some(rustls::ProtocolVersion::TLSv1_3)
+        );
+        drop(host);
+
+        // What rustls cannot serve: one line each, exit 2, before anything starts.
+        for (flag, line) in [
+            (
+                "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
+                "error: --tls-cipher-suites: TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA is not supported: ccm-host serves only AEAD suites with forward secrecy",
+            ),
+            (
+                "--tls-min-version=VersionTLS10",
+                "error: --tls-min-version: VersionTLS10 is not supported: ccm-host serves TLS 1.2 and 1.3 only (VersionTLS12, the default, or VersionTLS13)",
+            ),
+        ] {
+            let out = Command::new(BIN)
+                .args(["run", "--cloud-provider", "fake", "--kubeconfig"])
+                .arg(&kubeconfig)
+                .arg(flag)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
+            let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+            assert_eq!(lines.len(), 1, "{flag}: {stderr}");
+            assert!(lines[0].starts_with(line), "{flag}: {stderr}");
+        }
+    });
+}

@@ -194,12 +194,135 @@ pub fn self_signed(bind: IpAddr) -> Result<(Vec<u8>, Vec<u8>), String> {
     Ok((cert.pem().into_bytes(), key.serialize_pem().into_bytes()))
 }
 
-/// The rustls server configuration for a certificate chain and key (PEM): TLS 1.2 and 1.3,
-/// HTTP/1.1 only; with a `client_ca`, client certificates are asked for (not required) and must
-/// chain to it (a client certificate for client authentication, or the handshake fails).
+/// The secure port's TLS versions and cipher suites, from `--tls-min-version` and
+/// `--tls-cipher-suites` (Go names). rustls serves TLS 1.2 and 1.3 and, of Go's suites, only
+/// the AEAD ones with forward secrecy: asking for anything else is a start-up error (one line
+/// per value, exit 2) rather than a flag silently not applied. As in Go, the suite list
+/// governs TLS 1.2; TLS 1.3 suites stay all enabled unless the list names some of them
+/// (then only those: stricter than Go, which cannot restrict TLS 1.3 suites).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsPolicy {
+    /// `--tls-min-version=VersionTLS13`.
+    pub tls13_only: bool,
+    /// The Go names asked for (empty: rustls's defaults).
+    pub suites: Vec<String>,
+}
+
+/// Go's names of the suites rustls (ring) serves, and rustls's suite.
+fn rustls_suite(go_name: &str) -> Option<rustls::SupportedCipherSuite> {
+    use rustls::crypto::ring::cipher_suite as cs;
+    Some(match go_name {
+        "TLS_AES_128_GCM_SHA256" => cs::TLS13_AES_128_GCM_SHA256,
+        "TLS_AES_256_GCM_SHA384" => cs::TLS13_AES_256_GCM_SHA384,
+        "TLS_CHACHA20_POLY1305_SHA256" => cs::TLS13_CHACHA20_POLY1305_SHA256,
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256" => cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384" => cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305"
+        | "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256" => cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384" => cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305" | "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        _ => return None,
+    })
+}
+
+/// The Go suite names ccm-host serves, for messages.
+pub const SERVED_SUITES: &[&str] = &[
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+];
+
+impl TlsPolicy {
+    /// The policy of the flags; `Err` holds one line per value ccm-host cannot serve (names
+    /// Go does not know are reported by the caller, as upstream words it).
+    pub fn from_flags(suites: &[String], min_version: Option<&str>) -> Result<Self, Vec<String>> {
+        let mut errors = Vec::new();
+        let tls13_only = match min_version.unwrap_or("") {
+            "" | "VersionTLS12" => false,
+            "VersionTLS13" => true,
+            old @ ("VersionTLS10" | "VersionTLS11") => {
+                errors.push(format!(
+                    "--tls-min-version: {old} is not supported: ccm-host serves TLS 1.2 and 1.3 \
+                     only (VersionTLS12, the default, or VersionTLS13)"
+                ));
+                false
+            }
+            // Unknown names: reported by the flag validation as upstream does.
+            _ => false,
+        };
+        for suite in suites {
+            if rustls_suite(suite).is_none() && super::upstream_flags::is_go_cipher_suite(suite) {
+                errors.push(format!(
+                    "--tls-cipher-suites: {suite} is not supported: ccm-host serves only AEAD \
+                     suites with forward secrecy (no CBC, RC4, 3DES or RSA key exchange): {}",
+                    SERVED_SUITES.join(", ")
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(TlsPolicy {
+                tls13_only,
+                suites: suites.to_vec(),
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The ring provider with this policy's suites.
+    fn provider(&self) -> rustls::crypto::CryptoProvider {
+        let mut provider = rustls::crypto::ring::default_provider();
+        if self.suites.is_empty() {
+            return provider;
+        }
+        let named: Vec<rustls::SupportedCipherSuite> =
+            self.suites.iter().filter_map(|s| rustls_suite(s)).collect();
+        let names_tls13 = named
+            .iter()
+            .any(|s| matches!(s, rustls::SupportedCipherSuite::Tls13(_)));
+        provider.cipher_suites.retain(|suite| match suite {
+            rustls::SupportedCipherSuite::Tls13(_) if !names_tls13 => true,
+            _ => named.iter().any(|n| n.suite() == suite.suite()),
+        });
+        provider
+    }
+
+    /// The protocol versions served: those at or above the minimum that have a suite.
+    fn versions(
+        &self,
+        provider: &rustls::crypto::CryptoProvider,
+    ) -> Vec<&'static rustls::SupportedProtocolVersion> {
+        let has_tls12 = provider
+            .cipher_suites
+            .iter()
+            .any(|s| matches!(s, rustls::SupportedCipherSuite::Tls12(_)));
+        let mut versions = vec![&rustls::version::TLS13];
+        if has_tls12 && !self.tls13_only {
+            versions.push(&rustls::version::TLS12);
+        }
+        versions
+    }
+}
+
+/// The rustls server configuration for a certificate chain and key (PEM): TLS 1.2 and 1.3 (or
+/// what `policy` narrows them to), HTTP/1.1 only; with a `client_ca`, client certificates are
+/// asked for (not required) and must chain to it (a client certificate for client
+/// authentication, or the handshake fails).
 pub fn tls_config(
     cert: &ServingCert,
     client_ca: &[CertificateDer<'static>],
+    policy: &TlsPolicy,
 ) -> Result<Arc<rustls::ServerConfig>, String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::PrivateKeyDer;
@@ -211,10 +334,10 @@ pub fn tls_config(
     }
     let key = PrivateKeyDer::from_pem_slice(&cert.key_pem)
         .map_err(|e| format!("the private key of {}: {e}", cert.origin))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(policy.provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .with_protocol_versions(&policy.versions(&provider))
+        .map_err(|e| format!("--tls-cipher-suites / --tls-min-version: {e}"))?;
     let builder = if client_ca.is_empty() {
         builder.with_no_client_auth()
     } else {
@@ -257,7 +380,11 @@ pub async fn start(
         .map(|(cert, key)| (cert.as_path(), key.as_path()));
     let cert = serving_cert(files, args.upstream.cert_dir.as_deref(), args.bind_address)?;
     let auth = super::delegated_auth::DelegatedAuth::new(args.upstream.auth_settings()).await?;
-    let tls = tls_config(&cert, auth.client_ca())?;
+    let policy = args
+        .upstream
+        .tls_policy()
+        .map_err(|errors| errors.join("; "))?;
+    let tls = tls_config(&cert, auth.client_ca(), &policy)?;
     let auth_summary = auth.describe();
     let bound = super::http::serve(
         addr,
@@ -662,7 +789,7 @@ mod tests {
             key_pem: key,
             origin: "test".into(),
         };
-        tls_config(&generated, &[]).unwrap();
+        tls_config(&generated, &[], &TlsPolicy::default()).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
@@ -685,7 +812,7 @@ mod tests {
             first.cert_pem, second.cert_pem,
             "read back, not regenerated"
         );
-        tls_config(&second, &[]).unwrap();
+        tls_config(&second, &[], &TlsPolicy::default()).unwrap();
         let in_memory = serving_cert(None, None, unspecified).unwrap();
         assert_eq!(in_memory.origin, "self-signed, in memory");
         assert_ne!(in_memory.cert_pem, first.cert_pem);
@@ -713,7 +840,7 @@ mod tests {
         let garbage = dir.path().join("garbage.pem");
         std::fs::write(&garbage, "hello").unwrap();
         let bad = serving_cert(Some((&garbage, &garbage)), None, unspecified).unwrap();
-        assert!(tls_config(&bad, &[])
+        assert!(tls_config(&bad, &[], &TlsPolicy::default())
             .unwrap_err()
             .contains("no PEM certificate"));
     }
