@@ -121,8 +121,8 @@ fi
 # Every crate of Cargo.lock in the registry, so the build stage needs no network; the host tools
 # the test uses outside the image (new-provider, the HTTPS API server).
 cargo fetch --locked >"$work/step.log" 2>&1 || abort "cargo fetch --locked"
-cargo build --quiet -p ccm-host -p kube-apiserver-inmem >"$work/step.log" 2>&1 ||
-  abort "cargo build -p ccm-host -p kube-apiserver-inmem"
+cargo build --quiet -p ccm-host-cli -p kube-apiserver-inmem >"$work/step.log" 2>&1 ||
+  abort "cargo build -p ccm-host-cli -p kube-apiserver-inmem"
 bin=${CARGO_TARGET_DIR:-$root/target}/debug
 registry="${CARGO_HOME:-$HOME/.cargo}/registry"
 if [ -n "${IMAGE_TEST_IMAGE:-}" ]; then

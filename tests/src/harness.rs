@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::metrics::Metrics;
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{Provider, ProviderOptions};
+use ccm_host::runtime::metrics::Metrics;
 use ccm_provider_fake::config::FakeConfig;
 use ccm_provider_fake::control::{self, CallRecord, FakeState};
 use kube_apiserver_inmem::ApiServer;

@@ -8,9 +8,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::metrics::Metrics;
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{HostServices, Provider, ProviderOptions};
+use ccm_host::runtime::metrics::Metrics;
 use kube_apiserver_inmem::ApiServer;
 use prometheus_client::registry::Registry;
 use serde_json::Value;

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use ccm_host::controllers::node::{self, NodeController};
 use ccm_host::controllers::node_lifecycle::{self, NodeMonitor};
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::kube_clients::KubeClients;
 use ccm_host::provider::ProviderOptions;
+use ccm_host::runtime::kube_clients::KubeClients;
 use ccm_integration_tests::harness::Harness;
 use ccm_provider_fake::config::FakeConfig;
 use ccm_provider_fake::control::CallRecord;
@@ -47,7 +47,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube_apiserver_inmem::RequestRecord;
 use serde_json::{json, Value};
 
-const TAINT: &str = ccm_host::well_known::UNINITIALIZED_TAINT;
+const TAINT: &str = ccm_host::runtime::well_known::UNINITIALIZED_TAINT;
 const KUBE_API_BURST: u32 = 30;
 /// The default periods (`ControllerConfig::default()`, upstream's).
 const ADDRESS_PERIOD: Duration = Duration::from_secs(300);

@@ -28,15 +28,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ccm_host::controllers::{node, ControllerConfig};
-use ccm_host::kube_clients::KubeClients;
 use ccm_host::provider::ProviderOptions;
+use ccm_host::runtime::kube_clients::KubeClients;
 use ccm_integration_tests::harness::Harness;
 use ccm_provider_fake::config::FakeConfig;
 use k8s_openapi::api::core::v1::Node;
 use kube_apiserver_inmem::RequestRecord;
 use serde_json::{json, Value};
 
-const TAINT: &str = ccm_host::well_known::UNINITIALIZED_TAINT;
+const TAINT: &str = ccm_host::runtime::well_known::UNINITIALIZED_TAINT;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())

@@ -8,7 +8,7 @@
 //!   SDK adapter's JSON parse + catch_unwind);
 //! - `host_serialise`: the host's per-call preparation of that argument (the node to JSON);
 //! - `provider`: the host's typed `Provider::instance_metadata` (serialisation, read
-//!   coalescing, blocking pool, deadline, metrics) awaited one at a time;
+//!   coalescing, call pool, deadline, metrics) awaited one at a time;
 //! - `wrapper`: `Provider::call` with a closure that does nothing (the host wrapper alone:
 //!   spawn_blocking + deadline + metrics);
 //! - `load`: plugin load time per `.so` (ELF checks, dlopen, ABI checks, registration), each

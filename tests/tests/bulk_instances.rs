@@ -134,7 +134,7 @@ fn batches(h: &Harness) -> Vec<CallRecord> {
 fn provider_metrics(h: &Harness) -> String {
     let mut registry = Registry::default();
     h.provider.metrics().register(&mut registry);
-    ccm_host::metrics::render(&registry)
+    ccm_host::runtime::metrics::render(&registry)
 }
 
 fn sample(text: &str, series: &str) -> f64 {

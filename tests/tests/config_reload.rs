@@ -4,7 +4,7 @@
 //! instance, swapped in while a call is still running on the old one), every kind of bad
 //! config keeping the old instance, and the instance cache emptied by a reload (no answer
 //! learned under the old config is served after it). The file watch and `/readyz` are tested with the real daemon
-//! in host/tests/config_reload.rs.
+//! in cli/tests/config_reload.rs.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

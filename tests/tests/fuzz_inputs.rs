@@ -18,8 +18,8 @@ use ccm_host::controllers::node_addresses::{
 use ccm_host::controllers::route::parse_cluster_cidrs;
 use ccm_host::controllers::service::predicates::{node_included, parse_go_bool, split_key};
 use ccm_host::daemon::selection::{ControllerSelection, CONTROLLERS};
-use ccm_host::duration;
-use ccm_host::well_known::EXCLUDE_LB_LABEL;
+use ccm_host::runtime::duration;
+use ccm_host::runtime::well_known::EXCLUDE_LB_LABEL;
 use ccm_provider_abi::ErrorKind;
 use ccm_provider_fake::config::{GoDuration, IpPool, METHODS};
 use ccm_provider_fake::{ErrorSpec, FakeConfig, InjectedKind, InstanceConfig};

@@ -9,8 +9,8 @@ use ccm_host::controllers::node_lifecycle::{
     self, get_provider_id, monitor_nodes, NodeDeletionMode, NodeDeletionPolicy, NodeMonitor,
 };
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::events::{EventRecorder, EventType};
 use ccm_host::provider::ProviderOptions;
+use ccm_host::runtime::events::{EventRecorder, EventType};
 use ccm_integration_tests::harness::{eventually, Harness};
 use ccm_provider_abi::ErrorKind;
 use ccm_provider_fake::config::FakeConfig;
@@ -952,7 +952,7 @@ async fn confirmations_are_spread_over_the_monitor_period() {
         (h.metrics.node_deletions.get() == 1).then_some(())
     })
     .await;
-    let text = ccm_host::metrics::render(&h.registry);
+    let text = ccm_host::runtime::metrics::render(&h.registry);
     assert!(text.contains("\nccm_node_deletions_total 1\n"), "{text}");
     assert!(
         text.contains("\nccm_node_deletions_withheld_total 0\n"),
@@ -1014,7 +1014,7 @@ async fn report_mode_keeps_the_node_with_an_event_and_a_metric() {
     for reason in ["DeletingNode", "InstanceDoesNotExist"] {
         assert!(events_of(&h, reason).is_empty(), "no {reason}");
     }
-    let text = ccm_host::metrics::render(&h.registry);
+    let text = ccm_host::runtime::metrics::render(&h.registry);
     assert!(
         text.contains("\nccm_node_deletions_withheld_total 1\n"),
         "{text}"

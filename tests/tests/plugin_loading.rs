@@ -464,7 +464,7 @@ async fn a_hung_method_times_out_and_the_plugin_sees_the_cancellation() {
 fn plugins_command_lists_providers_capabilities_and_refusals() {
     let dir = PluginDir::new().with(libs::FAKE, "fake.so");
     dir.write("junk.so", b"junk");
-    let args = ccm_host::cli::PluginsArgs {
+    let args = ccm_host::plugin_listing::PluginsArgs {
         plugins: ccm_host::args::PluginDirArgs {
             plugin_dirs: vec![dir.path().to_path_buf()],
             allow_insecure_plugins: false,
@@ -474,7 +474,7 @@ fn plugins_command_lists_providers_capabilities_and_refusals() {
         cloud_provider: None,
     };
     let mut out = Vec::new();
-    let code = ccm_host::cli::plugins(&args, 2, &mut out).unwrap();
+    let code = ccm_host::plugin_listing::plugins(&args, 2, &mut out).unwrap();
     assert_eq!(code, 0);
     let listing: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let providers = &listing["plugins"][0]["providers"];

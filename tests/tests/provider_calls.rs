@@ -40,7 +40,7 @@ fn budget(qps: f64, burst: u32) -> ProviderOptions {
 fn render(h: &Harness) -> String {
     let mut registry = Registry::default();
     h.provider.metrics().register(&mut registry);
-    ccm_host::metrics::render(&registry)
+    ccm_host::runtime::metrics::render(&registry)
 }
 
 /// The largest number of recorded calls named `call` inside any window of `window_ms`.

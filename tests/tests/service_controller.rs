@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ccm_host::controllers::service::{self, Requeue, ServiceController};
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::well_known::LB_CLEANUP_FINALIZER;
+use ccm_host::runtime::well_known::LB_CLEANUP_FINALIZER;
 use ccm_integration_tests::harness::{eventually, Harness};
 use ccm_provider_fake::config::FakeConfig;
 use k8s_openapi::api::core::v1::{Node, Service};

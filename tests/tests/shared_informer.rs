@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ccm_host::controllers::cache_trim;
-use ccm_host::informer::{cache_key, Change, SharedInformer};
+use ccm_host::runtime::informer::{cache_key, Change, SharedInformer};
 use ccm_integration_tests::harness::eventually_async;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -81,7 +81,7 @@ fn cached(informer: &SharedInformer<Service>) -> BTreeSet<String> {
 }
 
 /// A view's filter: the Services labelled `x=mine`.
-fn labelled_mine() -> ccm_host::informer::Keep<Service> {
+fn labelled_mine() -> ccm_host::runtime::informer::Keep<Service> {
     std::sync::Arc::new(|s: &Service| {
         s.metadata
             .labels

@@ -75,12 +75,12 @@ fn start_service_controller(ctx: &ControllerContext) {
 fn provider_metrics(h: &Harness) -> String {
     let mut registry = Registry::default();
     h.provider.metrics().register(&mut registry);
-    ccm_host::metrics::render(&registry)
+    ccm_host::runtime::metrics::render(&registry)
 }
 
 /// The controllers' metrics (work queues), rendered.
 fn controller_metrics(h: &Harness) -> String {
-    ccm_host::metrics::render(&h.registry)
+    ccm_host::runtime::metrics::render(&h.registry)
 }
 
 async fn wait_throttled(h: &Harness, method: &str, count: u32) {

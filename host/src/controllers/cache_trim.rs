@@ -17,7 +17,7 @@
 //!   costing ~0.6 KB);
 //! - services that cannot have a load balancer (not of type LoadBalancer, no load-balancer
 //!   finalizer, no load-balancer ingress: ~99% of a typical cluster's services) are not cached
-//!   at all ([`crate::informer::Trim`]). Even an empty `Service` costs ~1.2 KB in the cache
+//!   at all ([`crate::runtime::informer::Trim`]). Even an empty `Service` costs ~1.2 KB in the cache
 //!   (the typed struct and the index key), 12 MiB for 10,000 of them. The service controller
 //!   loses nothing: a service entering the set is seen as added (queued by upstream's add
 //!   test, which for a service that did not want a load balancer before is its update test), a
@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 
 use super::service::predicates::{has_lb_finalizer, has_lb_ingress};
 
-use crate::well_known::LAST_APPLIED_ANNOTATION;
+use crate::runtime::well_known::LAST_APPLIED_ANNOTATION;
 
 /// Trim a node for the shared cache (every node is cached). Nothing the node controller's PUT
 /// sends back (metadata, spec) is dropped but managedFields, which the API server keeps when

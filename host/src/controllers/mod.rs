@@ -10,7 +10,7 @@
 //! Every controller is started with a [`ControllerContext`] and runs until its `stop` token is
 //! cancelled. Controllers read Nodes and Services from the shared informers (one watch each,
 //! trimmed by [`cache_trim`]), call the provider only through [`crate::provider::Provider`], and write through
-//! [`crate::patches`] and [`crate::events`].
+//! [`crate::runtime::patches`] and [`crate::runtime::events`].
 //!
 //! A provider call the cloud throttled ([`crate::provider::throttle`]) is not a failure of the
 //! object being synced: each controller retries it after the pause without growing its per-item
@@ -32,11 +32,11 @@ use kube::runtime::watcher;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::{EventRecorder, EventType};
-use crate::informer::SharedInformer;
-use crate::metrics::Metrics;
 use crate::provider::throttle::THROTTLED_EVENT_REASON;
 use crate::provider::{Provider, Throttled};
+use crate::runtime::events::{EventRecorder, EventType};
+use crate::runtime::informer::SharedInformer;
+use crate::runtime::metrics::Metrics;
 
 /// Settings of the controllers (the controller flags of `ccm-host run`).
 #[derive(Debug, Clone)]
@@ -62,7 +62,7 @@ pub struct ControllerConfig {
     /// `--node-deletion-confirmations`, `--node-deletion-mode` and
     /// `--node-deletion-on-instance-not-found` (default: upstream's behaviour).
     pub node_deletion: node_lifecycle::NodeDeletionPolicy,
-    /// With node ownership enforced (hybrid clusters, crate::ownership): how long after its
+    /// With node ownership enforced (hybrid clusters, crate::runtime::ownership): how long after its
     /// creation a node without a providerID is left alone by the lifecycle controller
     /// (`--provider-id-grace-period`). `None`: upstream's behaviour.
     pub provider_id_grace_period: Option<Duration>,
@@ -196,7 +196,7 @@ impl ControllerContext {
     }
 
     /// The same context writing through `client` (the daemon gives each controller its own
-    /// client, as upstream does: see [`crate::kube_clients`]). The shared informers keep theirs.
+    /// client, as upstream does: see [`crate::runtime::kube_clients`]). The shared informers keep theirs.
     pub fn with_client(mut self, client: kube::Client) -> Self {
         self.client = client;
         self

@@ -44,15 +44,15 @@ use super::node_addresses::{
     label_reconciliation,
 };
 use super::{publish_throttled, ControllerConfig, ControllerContext, NotStarted};
-use crate::events::{node_ref, EventRecorder, EventType};
-use crate::informer::Change;
-use crate::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
 use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider, Throttled};
-use crate::well_known::{
+use crate::runtime::events::{node_ref, EventRecorder, EventType};
+use crate::runtime::informer::Change;
+use crate::runtime::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
+use crate::runtime::well_known::{
     INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, REGION_BETA_LABEL, REGION_LABEL,
     UNINITIALIZED_TAINT, ZONE_BETA_LABEL, ZONE_LABEL,
 };
-use crate::workqueue::WorkQueue;
+use crate::runtime::workqueue::WorkQueue;
 
 /// Canonical controller name.
 pub const NAME: &str = "cloud-node-controller";
@@ -979,7 +979,7 @@ fn metadata_of_answer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::well_known::PROVIDED_NODE_IP_ANNOTATION;
+    use crate::runtime::well_known::PROVIDED_NODE_IP_ANNOTATION;
     use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

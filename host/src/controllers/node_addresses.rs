@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use k8s_openapi::api::core::v1::NodeAddress;
 
-use crate::well_known::{
+use crate::runtime::well_known::{
     INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, PROVIDED_NODE_IP_ANNOTATION, REGION_BETA_LABEL,
     REGION_LABEL, ZONE_BETA_LABEL, ZONE_LABEL,
 };

@@ -38,11 +38,11 @@ use kube::Api;
 
 use super::node::{get_instance_provider_id, kube_error_text};
 use super::{publish_if_throttled, ControllerConfig, ControllerContext, NotStarted};
-use crate::events::{node_ref, EventRecorder, EventType};
-use crate::patches::{add_node_taint, remove_node_taint};
 use crate::provider::bulk::INSTANCES_BATCH;
 use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider};
-use crate::well_known::{READY_CONDITION, SHUTDOWN_TAINT};
+use crate::runtime::events::{node_ref, EventRecorder, EventType};
+use crate::runtime::patches::{add_node_taint, remove_node_taint};
+use crate::runtime::well_known::{READY_CONDITION, SHUTDOWN_TAINT};
 
 /// Canonical controller name.
 pub const NAME: &str = "cloud-node-lifecycle-controller";
@@ -583,7 +583,7 @@ impl NodeMonitor {
         match verdict {
             Verdict::Wait { answers } => {
                 let evidence = evidence(name, absence, answers, None);
-                tracing::info!(controller = NAME, node = %name, "{evidence}; {answers} of {} answers in a row over at least {}, not deleting node {name} yet", policy.confirmations, crate::duration::format(ctx.config.node_monitor_period));
+                tracing::info!(controller = NAME, node = %name, "{evidence}; {answers} of {} answers in a row over at least {}, not deleting node {name} yet", policy.confirmations, crate::runtime::duration::format(ctx.config.node_monitor_period));
             }
             Verdict::AlreadyWithheld => {
                 tracing::debug!(controller = NAME, node = %name, "instance of node {name} still does not exist in the cloud; deletion withheld (--node-deletion-mode=report)");
@@ -677,7 +677,7 @@ fn format_span(span: Duration) -> String {
     } else {
         Duration::from_millis(u64::try_from(span.as_millis()).unwrap_or(u64::MAX))
     };
-    crate::duration::format(rounded)
+    crate::runtime::duration::format(rounded)
 }
 
 /// Upstream `getProviderID`: the spec value; else (V2) the metadata's provider ID, which may be

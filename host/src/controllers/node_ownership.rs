@@ -44,13 +44,13 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::sync::{broadcast, watch};
 
 use super::ControllerContext;
-use crate::events::{node_ref, EventRecorder, EventType};
-use crate::informer::Change;
-use crate::ownership::{Owner, Ownership, PLATFORM_LABEL};
-use crate::patches::{is_conflict, is_not_found};
 use crate::provider::Provider;
-use crate::well_known::UNINITIALIZED_TAINT;
-use crate::workqueue::WorkQueue;
+use crate::runtime::events::{node_ref, EventRecorder, EventType};
+use crate::runtime::informer::Change;
+use crate::runtime::ownership::{Owner, Ownership, PLATFORM_LABEL};
+use crate::runtime::patches::{is_conflict, is_not_found};
+use crate::runtime::well_known::UNINITIALIZED_TAINT;
+use crate::runtime::workqueue::WorkQueue;
 
 /// Controller name (calls, logs, the work queue).
 pub const NAME: &str = "node-ownership-controller";

@@ -29,11 +29,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{broadcast, Semaphore};
 
 use super::{publish_throttled, ControllerContext, NotStarted};
-use crate::events::{node_ref, EventRecorder, EventType};
-use crate::informer::Change;
-use crate::patches::patch_node_condition;
 use crate::provider::Throttled;
-use crate::well_known::NETWORK_UNAVAILABLE_CONDITION;
+use crate::runtime::events::{node_ref, EventRecorder, EventType};
+use crate::runtime::informer::Change;
+use crate::runtime::patches::patch_node_condition;
+use crate::runtime::well_known::NETWORK_UNAVAILABLE_CONDITION;
 
 /// Canonical controller name.
 pub const NAME: &str = "node-route-controller";
@@ -344,7 +344,7 @@ pub async fn reconcile(
                             "Could not create route {uid} {} for node {} after {}: {e}",
                             route.destination_cidr,
                             route.target_node,
-                            crate::duration::format(started.elapsed())
+                            crate::runtime::duration::format(started.elapsed())
                         );
                         tracing::error!(controller = NAME, "{msg}");
                         recorder.publish(node_ref(&node), EventType::Warning, "FailedToCreateRoute", msg);

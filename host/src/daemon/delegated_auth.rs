@@ -259,7 +259,7 @@ async fn remote_client(
     };
     // Upstream's delegated authentication and authorization clients allow 200 requests/s
     // (burst 400); each has its own limiter and names itself in its User-Agent.
-    crate::kube_clients::KubeClients::new(config, 200.0, 400)
+    crate::runtime::kube_clients::KubeClients::new(config, 200.0, 400)
         .and_then(|clients| {
             clients.client(&format!(
                 "delegated-{}",

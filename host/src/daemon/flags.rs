@@ -137,7 +137,7 @@ pub struct RunArgs {
     pub cloud_api_burst: i64,
     /// With a provider that offers bulk instance lookups (ABI 1.1): how long the first node
     /// asked about waits for others before one call asks about all of them (beyond upstream).
-    #[arg(help_heading = ADDITIONS, long, default_value_t = crate::duration::format(DEFAULT_INSTANCE_BATCH_WINDOW))]
+    #[arg(help_heading = ADDITIONS, long, default_value_t = crate::runtime::duration::format(DEFAULT_INSTANCE_BATCH_WINDOW))]
     pub instance_batch_window: String,
     /// The most nodes asked about in one bulk instance lookup (beyond upstream).
     #[arg(help_heading = ADDITIONS, long, value_name = "N", default_value_t = DEFAULT_INSTANCE_BATCH_SIZE as i64)]
@@ -256,7 +256,7 @@ impl RunArgs {
     pub fn validate(&self) -> Result<RunSettings, Vec<String>> {
         let mut errors = Vec::new();
         let mut duration = |flag: &str, value: &str, allow_zero: bool| -> Duration {
-            match crate::duration::parse(value) {
+            match crate::runtime::duration::parse(value) {
                 Ok(d) if d.is_zero() && !allow_zero => {
                     errors.push(format!("--{flag} must be greater than 0, got {value:?}"));
                     d

@@ -291,7 +291,7 @@ async fn metrics(State((_, registry)): State<(Health, Arc<Registry>)>) -> impl I
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        crate::metrics::render(&registry),
+        crate::runtime::metrics::render(&registry),
     )
 }
 

@@ -1,4 +1,4 @@
-//! `ccm-host run`: the cloud-controller-manager daemon (spec §3.2).
+//! `ccm-host run`: the cloud-controller-manager daemon.
 //!
 //! Start-up order as upstream: validate flags (every problem reported, exit 2) → load plugins and
 //! build the selected provider on every replica (HasClusterID check) → API client → HTTP
@@ -28,11 +28,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::{self, ControllerContext};
-use crate::kube_clients::{self, KubeClients};
-use crate::metrics::Metrics;
-use crate::ownership::Ownership;
 use crate::plugin::PluginRegistry;
 use crate::provider::{HostServices, Provider, ProviderOptions};
+use crate::runtime::kube_clients::{self, KubeClients};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::ownership::Ownership;
 pub use flags::{RunArgs, RunSettings};
 use provider_set::{LbHosts, ProviderSpec};
 use selection::ControllerName;
@@ -168,7 +168,7 @@ async fn run_embedded(
     let metrics = Arc::new(Metrics::new(&mut registry));
     for a in &active {
         // Several providers: the same families, told apart by a `provider` label
-        // (crate::metrics::render merges what prometheus-client writes per registration).
+        // (crate::runtime::metrics::render merges what prometheus-client writes per registration).
         let sub = if several {
             registry.sub_registry_with_label((
                 std::borrow::Cow::Borrowed("provider"),
@@ -252,7 +252,7 @@ async fn run_embedded(
     daemon.run().await
 }
 
-/// The ownership of the nodes among `active` (crate::ownership): each provider's platforms are
+/// The ownership of the nodes among `active` (crate::runtime::ownership): each provider's platforms are
 /// its `--cloud-provider-platforms`, else the ones it declares.
 fn ownership_of(active: &[Active], enforced: bool) -> Result<Ownership, String> {
     let platforms: Vec<(String, Vec<String>)> = active

@@ -604,7 +604,7 @@ impl UpstreamArgs {
                 &self.authorization_webhook_cache_unauthorized_ttl,
             ),
         ] {
-            if let Some(Err(e)) = value.as_deref().map(crate::duration::parse) {
+            if let Some(Err(e)) = value.as_deref().map(crate::runtime::duration::parse) {
                 errors.push(format!("--{flag}: {e}"));
             }
         }
@@ -729,7 +729,7 @@ impl UpstreamArgs {
     pub fn auth_settings(&self) -> super::delegated_auth::AuthSettings {
         let ttl = |v: &Option<String>| {
             v.as_deref()
-                .and_then(|v| crate::duration::parse(v).ok())
+                .and_then(|v| crate::runtime::duration::parse(v).ok())
                 .unwrap_or(super::delegated_auth::DEFAULT_CACHE_TTL)
         };
         let defaults = super::delegated_auth::AuthSettings::default();
@@ -772,7 +772,7 @@ impl UpstreamArgs {
         let is_true = |b: Option<bool>| b == Some(true);
         let nonzero = |v: &Option<String>| {
             v.as_deref()
-                .is_some_and(|v| crate::duration::parse(v).map_or(true, |d| !d.is_zero()))
+                .is_some_and(|v| crate::runtime::duration::parse(v).map_or(true, |d| !d.is_zero()))
         };
         add(
             is_true(self.use_service_account_credentials),

@@ -218,7 +218,7 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Refus
     // The libraries it needs through its own search path, checked like the plugin and loaded
     // by descriptor before it (deps.rs: also what makes `$ORIGIN` work).
     let dependencies = super::deps::resolve(&resolved, &dynamic, options)?;
-    crate::crash::in_plugin(path, "loading its dependencies", || {
+    crate::runtime::crash::in_plugin(path, "loading its dependencies", || {
         super::deps::preload(dependencies)
     })?;
 
@@ -229,7 +229,7 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Refus
     let fd_path = format!("/proc/self/fd/{}", file.as_raw_fd());
     // SAFETY: loading a library runs its initialisers (ELF constructors) before any check of
     // its contents: the permission checks above are the trust boundary (docs/writing-a-provider.md).
-    let library = crate::crash::in_plugin(path, "loading", || unsafe {
+    let library = crate::runtime::crash::in_plugin(path, "loading", || unsafe {
         libloading::os::unix::Library::open(
             Some(&fd_path),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
@@ -303,14 +303,14 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Refus
             let (register, abi) = (ext_module.register(), registrar.to_abi_v1_1());
             let plugin = path.to_path_buf();
             with_deadline(REGISTER_DEADLINE, move || {
-                crate::crash::in_plugin(&plugin, "register", || register(abi))
+                crate::runtime::crash::in_plugin(&plugin, "register", || register(abi))
             })
         }
         None => {
             let (register, abi) = (module.register(), registrar.to_abi());
             let plugin = path.to_path_buf();
             with_deadline(REGISTER_DEADLINE, move || {
-                crate::crash::in_plugin(&plugin, "register", || register(abi))
+                crate::runtime::crash::in_plugin(&plugin, "register", || register(abi))
             })
         }
     };

@@ -80,7 +80,8 @@ pub struct ProviderRegistration {
     pub name: String,
     /// The plugin file that registered it.
     pub plugin_path: PathBuf,
-    factory: Arc<Factory>,
+    /// The factory the plugin registered (1.0, or 1.1 with the extension).
+    pub(crate) factory: Arc<Factory>,
 }
 
 impl fmt::Debug for ProviderRegistration {
@@ -323,35 +324,18 @@ impl PluginRegistry {
         self.providers.get(name)
     }
 
-    /// Build the provider `name` from its factory with the cloud config bytes
-    /// (upstream `InitCloudProvider`).
-    pub fn create(
-        &self,
-        name: &str,
-        config: Option<&[u8]>,
-        options: &crate::provider::ProviderOptions,
-    ) -> Result<crate::provider::Provider, SelectError> {
+    /// The registration of provider `name`, or why there is none to select: no plugin
+    /// registered it, or two files did. Building the provider is `provider`'s (see
+    /// `PluginRegistry::create` there), so that this module does not depend on it.
+    pub fn registration(&self, name: &str) -> Result<&ProviderRegistration, SelectError> {
         if let Some(files) = self.duplicates.get(name) {
             return Err(SelectError::Unknown(
                 duplicate_reason(name, files).to_string(),
             ));
         }
-        let Some(reg) = self.providers.get(name) else {
-            return Err(SelectError::Unknown(self.unknown_provider_message(name)));
-        };
-        crate::provider::Provider::create(
-            &reg.name,
-            &reg.plugin_path,
-            &reg.factory,
-            config,
-            options,
-        )
-        .map_err(|e| {
-            SelectError::Factory(format!(
-                "could not init cloud provider {name:?} (from {}): {e}",
-                reg.plugin_path.display()
-            ))
-        })
+        self.providers
+            .get(name)
+            .ok_or_else(|| SelectError::Unknown(self.unknown_provider_message(name)))
     }
 
     fn unknown_provider_message(&self, name: &str) -> String {

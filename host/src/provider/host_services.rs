@@ -74,7 +74,7 @@ impl AbiHost for HostServices {
             Ok(r) => r,
             Err(e) => return RResult::RErr(ProviderError::other(format!("invalid request: {e}"))),
         };
-        // Provider calls run on the blocking pool, never on a runtime worker, so blocking on
+        // Provider calls run on the provider's call pool, never on a runtime worker, so blocking on
         // the host's runtime here is allowed.
         let timeout = ctx
             .remaining()

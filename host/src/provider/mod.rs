@@ -1,14 +1,15 @@
 //! The selected cloud provider as the controllers see it: typed async methods over the plugin's
 //! ABI, all going through one call path ([`Provider::call`]).
 //!
-//! The host never calls a plugin on an async worker: every call runs on tokio's blocking pool
-//! with a deadline; when the deadline passes the host stops waiting, sets the call's cancellation
+//! The host never calls a plugin on an async worker: every call runs on the provider's own call
+//! pool ([`pool`]: threads owned by the provider, so a call stuck in a plugin never holds one of
+//! tokio's threads) with a deadline; when the deadline passes the host stops waiting, sets the call's cancellation
 //! flag (which the plugin can poll through its `CallContext`) and returns `DeadlineExceeded`.
 //! Dropping the returned future (e.g. on shutdown) cancels the call the same way.
 //!
 //! Beyond upstream, the same path applies a host-wide budget of cloud calls
 //! (`--cloud-api-qps`/`--cloud-api-burst`, shared round-robin between the calling controllers,
-//! see [`crate::rate_limit`]), coalesces identical read calls that are in flight at the same
+//! see [`crate::runtime::rate_limit`]), coalesces identical read calls that are in flight at the same
 //! time (two `InstanceMetadata` calls for one node make one plugin call), pauses every call to
 //! the provider after the cloud throttled one ([`throttle`]: ABI 1.1 `THROTTLED`), and records
 //! [`CallMetrics`].
@@ -43,8 +44,8 @@ use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use serde::Serialize;
 
-use crate::plugin::Factory;
-use crate::rate_limit::FairLimiter;
+use crate::plugin::{Factory, PluginRegistry, SelectError};
+use crate::runtime::rate_limit::FairLimiter;
 pub use call_metrics::CallMetrics;
 use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels};
 pub use ccm_provider_abi::ext::InstanceQuery;
@@ -53,6 +54,26 @@ pub use instance_cache::{CacheUse, InstanceAnswer};
 pub use lifecycle::{ReloadError, ReloadMethod, ReloadMetrics};
 use throttle::Throttle;
 pub use throttle::Throttled;
+
+impl PluginRegistry {
+    /// Build the provider `name` from its plugin's factory with the cloud config bytes
+    /// (upstream `InitCloudProvider`). Defined here rather than in `plugin` so that the loader
+    /// does not depend on the call layer.
+    pub fn create(
+        &self,
+        name: &str,
+        config: Option<&[u8]>,
+        options: &ProviderOptions,
+    ) -> Result<Provider, SelectError> {
+        let reg = self.registration(name)?;
+        Provider::create(&reg.name, &reg.plugin_path, &reg.factory, config, options).map_err(|e| {
+            SelectError::Factory(format!(
+                "could not init cloud provider {name:?} (from {}): {e}",
+                reg.plugin_path.display()
+            ))
+        })
+    }
+}
 
 /// Options of the provider call layer.
 #[derive(Debug, Clone)]
@@ -346,7 +367,7 @@ impl Provider {
         self.inner.throttle.paused_until()
     }
 
-    /// The single path every provider call takes: throttling pause, budget, blocking pool,
+    /// The single path every provider call takes: throttling pause, budget, call pool,
     /// deadline, cancellation, metrics. Such a call never joins another one; see
     /// [`Provider::call_keyed`].
     ///
@@ -456,9 +477,9 @@ impl Provider {
         let plugin_ctx = ctx.clone();
         let plugin = self.inner.plugin_path.clone();
         // On the provider's own bounded pool ([`pool`]); a fatal signal inside the plugin names
-        // the plugin and the call (crate::crash).
+        // the plugin and the call (crate::runtime::crash).
         let submitted = self.inner.pool.submit(op, key, move || {
-            crate::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result())
+            crate::runtime::crash::in_call(&plugin, op, || f(&plugin_ctx).into_result())
         });
         let mut task = match submitted {
             Ok(task) => task,
@@ -1192,12 +1213,12 @@ fn nodes_json(nodes: &[impl Borrow<Node>]) -> Result<Vec<RString>, ProviderError
 }
 
 /// Free a load-balancer call's host list (the plugin has freed its parsed copy by now) and
-/// give the pages back ([`crate::malloc::release_free_memory`]) when the list was large.
+/// give the pages back ([`crate::runtime::malloc::release_free_memory`]) when the list was large.
 fn release_hosts(hosts: Vec<RString>) {
     let large = hosts.len() >= RELEASE_AFTER_HOSTS;
     drop(hosts);
     if large {
-        crate::malloc::release_free_memory();
+        crate::runtime::malloc::release_free_memory();
     }
 }
 

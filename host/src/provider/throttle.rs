@@ -164,7 +164,7 @@ impl Throttled {
         format!(
             "{}; every call to the cloud provider is paused for {}, then retried",
             self.message,
-            crate::duration::format(self.pause)
+            crate::runtime::duration::format(self.pause)
         )
     }
 }

@@ -25,7 +25,7 @@ python="$(dirname "$moto_server")/python"
 image="${CCM_CHECK_IMAGE:-}"
 if [ -z "$image" ]; then
   echo "== building ccm-host and the aws plugin" >&2
-  cargo build --quiet -p ccm-host -p ccm-provider-aws >&2
+  cargo build --quiet -p ccm-host-cli -p ccm-provider-aws >&2
 fi
 target="${CARGO_TARGET_DIR:-$root/target}"
 

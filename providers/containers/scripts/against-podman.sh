@@ -25,7 +25,7 @@ mapfile -t images < <(bash providers/containers/scripts/images.sh)
 proxy_image=${images[0]} node_image=${images[1]}
 
 echo "== building ccm-host and the containers plugin" >&2
-cargo build --quiet -p ccm-host -p ccm-provider-containers >&2
+cargo build --quiet -p ccm-host-cli -p ccm-provider-containers >&2
 target="${CARGO_TARGET_DIR:-$root/target}"
 
 work="$(mktemp -d)"

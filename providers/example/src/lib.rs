@@ -65,7 +65,10 @@ impl InstancesV2 for Example {
         Ok(Some(InstanceMetadata {
             provider_id: provider_id.clone(),
             instance_type: "example.standard".into(),
-            node_addresses: vec![addr(address_type::INTERNAL_IP, ip), addr("Hostname", name)],
+            node_addresses: vec![
+                addr(address_type::INTERNAL_IP, ip),
+                addr(address_type::HOSTNAME, name),
+            ],
             zone: zone.clone(),
             region: region.clone(),
             additional_labels: BTreeMap::new(),

@@ -62,15 +62,15 @@ use tokio::task::JoinSet;
 
 use super::node::kube_error_text;
 use super::{publish_throttled, ControllerContext, NotStarted};
-use crate::events::{service_ref, EventRecorder, EventType};
-use crate::informer::Change;
-use crate::patches::{is_not_found, patch_service_status};
 use crate::provider::Throttled;
-use crate::well_known::{
+use crate::runtime::events::{service_ref, EventRecorder, EventType};
+use crate::runtime::informer::Change;
+use crate::runtime::patches::{is_not_found, patch_service_status};
+use crate::runtime::well_known::{
     LB_CLEANUP_FINALIZER, LB_PROVIDER_ANNOTATION, LB_PROVIDER_CONDITION,
     LB_PROVIDER_CONDITION_REASON,
 };
-use crate::workqueue::WorkQueue;
+use crate::runtime::workqueue::WorkQueue;
 
 pub use predicates::ClassPolicy;
 use predicates::{
@@ -251,7 +251,7 @@ fn api_message(e: &kube::Error) -> String {
 
 /// client-go `MetaNamespaceKeyFunc` of a service: the key of its queue and of the cache.
 fn service_key(svc: &Service) -> String {
-    crate::informer::cache_key(svc)
+    crate::runtime::informer::cache_key(svc)
 }
 
 /// Not of type LoadBalancer, yet `status.loadBalancer.ingress` is not empty.

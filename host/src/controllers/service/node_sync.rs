@@ -134,7 +134,7 @@ mod tests {
         let mut excluded = (*node("n2", "p2")).clone();
         excluded.metadata.labels = Some(
             [(
-                crate::well_known::EXCLUDE_LB_LABEL.to_string(),
+                crate::runtime::well_known::EXCLUDE_LB_LABEL.to_string(),
                 "true".to_string(),
             )]
             .into(),

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::controllers::ControllerConfig;
-use crate::well_known::{
+use crate::runtime::well_known::{
     EXCLUDE_LB_LABEL, LB_CLEANUP_FINALIZER, READY_CONDITION, TO_BE_DELETED_TAINT,
 };
 

@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
-use ccm_host::metrics::Metrics;
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{HostServices, Provider, ProviderOptions};
+use ccm_host::runtime::metrics::Metrics;
 use ccm_provider_aws::api::ec2::Instance;
 use ccm_provider_aws::api::{AwsClient, Endpoint, Params};
 use ccm_provider_aws::credentials::CredentialSource;

@@ -621,5 +621,5 @@ fn keys() {
         split_key("a/b/c"),
         Err("unexpected key format: \"a/b/c\"".into())
     );
-    assert_eq!(crate::informer::cache_key(&lb()), "default/svc");
+    assert_eq!(crate::runtime::informer::cache_key(&lb()), "default/svc");
 }
