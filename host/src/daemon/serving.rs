@@ -6,9 +6,14 @@
 //! connection cap that makes room for a new connection by closing, in this order, the oldest
 //! *silent* one (accepted, not a byte sent yet), else the longest idle one after its handshake;
 //! a connection in its TLS handshake is never closed in favour of a newer one (at the cap with
-//! every connection handshaking or in a request, the new one is closed). So thousands of idle or
-//! half-open connections, or a flood of new ones that send nothing, never starve the kubelet's
-//! `/healthz` probe, whose ClientHello follows its connect at once.
+//! every connection handshaking or in a request, the new one is closed). A connection counts as
+//! in its handshake from the client's first byte, looked for already when it is accepted (a
+//! non-blocking peek: under a flood a connection waits in the accept queue, and the probe's
+//! ClientHello is there by the time it is accepted, so it is never taken for a silent one while
+//! its task has not run yet). The listen backlog is the kernel's somaxconn, as Go's. So
+//! thousands of idle or half-open connections, or a flood of new ones that send nothing, never
+//! starve the kubelet's `/healthz` probe, whose ClientHello follows its connect at once.
+//! Upstream (Go's net/http) has no connection cap.
 //!
 //! Requests are authenticated and authorized by [`super::delegated_auth`] before the endpoints
 //! of [`super::http`] see them.
@@ -430,6 +435,10 @@ struct Conn {
 /// The live connections, for the cap and the idle timeout.
 struct Conns {
     live: Mutex<HashMap<u64, Conn>>,
+    /// Ids of connections admitted silent, oldest first (locked after `live`): the cap's
+    /// victim in O(1) under a flood. Entries that left the silent stage or closed are skipped
+    /// when met, and dropped when the queue outgrows twice the cap.
+    silent: Mutex<std::collections::VecDeque<u64>>,
     next_id: std::sync::atomic::AtomicU64,
     max: usize,
     /// When the cap last made us close a connection (for a rate-limited warning).
@@ -444,7 +453,7 @@ impl Conns {
     /// Register a new connection; at the cap, first close the oldest silent one, else the
     /// longest idle established one. `None` when every connection is in its handshake or in a
     /// request: those are never closed for a newer connection.
-    fn admit(self: &Arc<Self>) -> Option<ConnHandle> {
+    fn admit(self: &Arc<Self>, spoke: bool) -> Option<ConnHandle> {
         let mut live = self.lock();
         if live.len() >= self.max {
             let oldest = |stage: Stage| {
@@ -453,7 +462,14 @@ impl Conns {
                     .min_by_key(|(_, c)| c.last_active)
                     .map(|(id, _)| *id)
             };
-            let victim = oldest(Stage::Silent)
+            let oldest_silent = {
+                let mut silent = self.silent.lock().unwrap_or_else(|p| p.into_inner());
+                std::iter::from_fn(|| silent.pop_front()).find(|id| {
+                    live.get(id)
+                        .is_some_and(|c| c.stage == Stage::Silent && c.busy == 0)
+                })
+            };
+            let victim = oldest_silent
                 .map(|id| (id, "closed the oldest silent connection to admit a new one"))
                 .or_else(|| {
                     oldest(Stage::Established)
@@ -484,12 +500,23 @@ impl Conns {
         live.insert(
             id,
             Conn {
-                stage: Stage::Silent,
+                stage: if spoke {
+                    Stage::Handshake
+                } else {
+                    Stage::Silent
+                },
                 last_active: Instant::now(),
                 busy: 0,
                 close: close.clone(),
             },
         );
+        if !spoke {
+            let mut silent = self.silent.lock().unwrap_or_else(|p| p.into_inner());
+            silent.push_back(id);
+            if silent.len() > 2 * self.max {
+                silent.retain(|id| live.get(id).is_some_and(|c| c.stage == Stage::Silent));
+            }
+        }
         Some(ConnHandle {
             conns: self.clone(),
             id,
@@ -512,6 +539,24 @@ impl Conns {
             tracing::debug!("secure port: connection cap: {what}");
         }
     }
+}
+
+/// Whether the client of the just-accepted socket `fd` has sent something (a non-blocking
+/// `MSG_PEEK` of one byte).
+#[allow(unsafe_code)] // recv(2) with MSG_PEEK on a descriptor number
+fn has_spoken(fd: std::os::fd::RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `fd` is the open socket of a TcpStream the caller holds; a one-byte buffer of
+    // ours; MSG_PEEK | MSG_DONTWAIT neither consumes data nor blocks.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
 }
 
 /// One admitted connection; dropping it forgets the connection.
@@ -563,6 +608,14 @@ impl Drop for RequestGuard {
     }
 }
 
+/// The kernel's `net.core.somaxconn` (the longest accept queue it allows), 4096 when unreadable.
+fn listen_backlog() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(4096)
+}
+
 /// Serve `app` over HTTPS on `addr` until `stop` is cancelled; returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
@@ -571,10 +624,22 @@ pub async fn serve(
     limits: Limits,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    // The listen backlog as Go's net package sets it (upstream): the kernel's somaxconn, not
+    // tokio's 1024. A full accept queue drops new SYNs, and a dropped SYN costs the client a
+    // 1 s retransmission, the kubelet's whole probe timeout: under a flood of new connections
+    // the longer queue keeps the probe's connect from failing while the accept loop catches up.
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(listen_backlog())?;
     let local = listener.local_addr()?;
     let conns = Arc::new(Conns {
         live: Mutex::new(HashMap::new()),
+        silent: Mutex::new(std::collections::VecDeque::new()),
         next_id: std::sync::atomic::AtomicU64::new(0),
         max: limits.max_connections.max(1),
         last_cap_warning: Mutex::new(None),
@@ -594,7 +659,9 @@ pub async fn serve(
                     }
                 },
             };
-            let Some(handle) = conns.admit() else {
+            use std::os::fd::AsRawFd;
+            let fd = tcp.as_raw_fd();
+            let Some(handle) = conns.admit(has_spoken(fd)) else {
                 drop(tcp);
                 continue;
             };
@@ -725,6 +792,7 @@ mod tests {
     fn conns(max: usize) -> Arc<Conns> {
         Arc::new(Conns {
             live: Mutex::new(HashMap::new()),
+            silent: Mutex::new(std::collections::VecDeque::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
             max,
             last_cap_warning: Mutex::new(None),
@@ -738,32 +806,45 @@ mod tests {
     #[test]
     fn the_cap_closes_silent_connections_first_and_never_one_in_its_handshake() {
         let conns = conns(3);
-        let kubelet = conns.admit().unwrap();
+        let kubelet = conns.admit(false).unwrap();
         stage(&kubelet, Stage::Handshake);
-        let flood: Vec<ConnHandle> = (0..2).map(|_| conns.admit().unwrap()).collect();
+        let flood: Vec<ConnHandle> = (0..2).map(|_| conns.admit(false).unwrap()).collect();
         // Newer silent connections go first, oldest first; the handshake stays.
-        let newer = conns.admit().unwrap();
+        let newer = conns.admit(false).unwrap();
         assert!(flood[0].close.is_cancelled() && !flood[1].close.is_cancelled());
-        let _newest = conns.admit().unwrap();
+        let _newest = conns.admit(false).unwrap();
         assert!(flood[1].close.is_cancelled());
         assert!(!kubelet.close.is_cancelled());
         // Only handshakes left (and silent ones turned into handshakes): refused.
         stage(&newer, Stage::Handshake);
         stage(&_newest, Stage::Handshake);
-        assert!(conns.admit().is_none());
+        assert!(conns.admit(false).is_none());
         assert!(!kubelet.close.is_cancelled());
+    }
+
+    #[test]
+    fn a_connection_whose_client_spoke_before_its_accept_is_never_the_silent_victim() {
+        let conns = conns(2);
+        // The probe's ClientHello was waiting when it was accepted: admitted in its handshake.
+        let probe = conns.admit(true).unwrap();
+        let flood: Vec<ConnHandle> = (0..100).map(|_| conns.admit(false).unwrap()).collect();
+        assert!(!probe.close.is_cancelled());
+        assert!(flood[..99].iter().all(|f| f.close.is_cancelled()));
+        assert!(!flood[99].close.is_cancelled());
+        // The queue of silent ids stays bounded although most of it is stale.
+        assert!(conns.silent.lock().unwrap().len() <= 4);
     }
 
     #[test]
     fn the_cap_closes_the_longest_idle_connection_and_never_a_busy_one() {
         let conns = conns(2);
-        let a = Arc::new(conns.admit().unwrap());
-        let b = Arc::new(conns.admit().unwrap());
+        let a = Arc::new(conns.admit(false).unwrap());
+        let b = Arc::new(conns.admit(false).unwrap());
         stage(&a, Stage::Established);
         stage(&b, Stage::Established);
         // `a` is in a request, so `b` is the one to close although it is newer.
         let in_request = a.request();
-        let c = conns.admit().unwrap();
+        let c = conns.admit(false).unwrap();
         assert!(b.close.is_cancelled());
         assert!(!a.close.is_cancelled());
         assert!(b.idle_for().is_none(), "forgotten once closed");
@@ -771,10 +852,10 @@ mod tests {
         // Both remaining connections busy: a new one is refused.
         stage(&c, Stage::Established);
         let _c_busy = Arc::new(c).request();
-        assert!(conns.admit().is_none());
+        assert!(conns.admit(false).is_none());
         drop(in_request);
         assert!(a.idle_for().is_some());
-        let d = conns.admit().unwrap();
+        let d = conns.admit(false).unwrap();
         stage(&d, Stage::Established);
         assert!(a.close.is_cancelled());
         drop(d);
