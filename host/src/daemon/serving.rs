@@ -608,6 +608,35 @@ impl Drop for RequestGuard {
     }
 }
 
+/// TCP_DEFER_ACCEPT of 1 s on the listening socket: the kernel hands a connection to the
+/// accept loop when its client has sent data (a TLS client's ClientHello follows its connect
+/// at once), or after about a second of silence; connections closed before that never reach
+/// the host. A flood of new connections that send nothing then costs the kernel, not the
+/// accept loop, and cannot fill the accept queue ahead of the kubelet's probe. A silent client
+/// is accepted after that second and then gets the handshake timeout as before. Not set by
+/// Go (upstream); failing to set it (another OS) only loses the protection.
+#[allow(unsafe_code)] // setsockopt(2)
+fn defer_accept(socket: &tokio::net::TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let seconds: libc::c_int = 1;
+    // SAFETY: an int option on the socket's own open descriptor.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const seconds).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "secure port: TCP_DEFER_ACCEPT not set: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// The kernel's `net.core.somaxconn` (the longest accept queue it allows), 4096 when unreadable.
 fn listen_backlog() -> u32 {
     std::fs::read_to_string("/proc/sys/net/core/somaxconn")
@@ -634,6 +663,7 @@ pub async fn serve(
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
+    defer_accept(&socket);
     socket.bind(addr)?;
     let listener = socket.listen(listen_backlog())?;
     let local = listener.local_addr()?;
