@@ -11,11 +11,11 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube_apiserver_inmem::ApiServer;
 use serde_json::{json, Value};
-use support::{plugin_dir, Replica, BIN};
+use support::{plugin_dir, wait_until, Replica, BIN};
 
 /// Build the 1.0 fixture plugin and return the `.so`.
 fn build_abi_1_0_plugin() -> PathBuf {
@@ -41,17 +41,6 @@ fn build_abi_1_0_plugin() -> PathBuf {
     let so = target_dir.join("debug/libccm_fixture_abi_1_0.so");
     assert!(so.is_file(), "{} was not built", so.display());
     so
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !f() {
-        assert!(
-            started.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,10 @@
 //! the example provider, fails with the right reasons on each broken fixture provider, and
 //! exits 2 on usage errors.
 
+mod support;
+
+use support::BIN;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,30 +13,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
-
-/// The plugins cargo built for this test run (dev-dependencies of ccm-host), copied into a
-/// fresh directory the loader accepts (owned by us, not group/other writable).
+/// The plugins cargo built for this test run, in a directory the loader accepts.
 fn plugin_dir(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let plugins = dir.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    for lib in [
-        "libccm_provider_fake.so",
-        "libccm_provider_example.so",
-        "libccm_fixture_broken.so",
-    ] {
-        let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-            .into_iter()
-            .map(|d| d.join(lib))
-            .find(|p| p.is_file())
-            .unwrap_or_else(|| panic!("{lib} built by cargo next to {}", deps.display()));
-        std::fs::copy(so, plugins.join(lib)).unwrap();
-    }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
-    plugins
+    support::plugin_dir_with(
+        dir,
+        &[
+            "libccm_provider_fake.so",
+            "libccm_provider_example.so",
+            "libccm_fixture_broken.so",
+        ],
+    )
 }
 
 struct Run {

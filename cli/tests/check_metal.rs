@@ -3,31 +3,19 @@
 //! except the route checks (metal offers no Routes) and the host read-back (it has none); and
 //! `ccm-host plugins --cloud-config` shows what metal offers (it needs a config to say).
 
+mod support;
+
+use support::BIN;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
-
-/// The metal plugin cargo built for this test run (a dev-dependency of ccm-host), copied into
-/// a fresh directory the loader accepts.
+/// The plugins cargo built for this test run, in a directory the loader accepts.
 fn plugin_dir(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let lib = "libccm_provider_metal.so";
-    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .into_iter()
-        .map(|d| d.join(lib))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{lib} built by cargo next to {}", deps.display()));
-    let plugins = dir.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(so, plugins.join(lib)).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
-    plugins
+    support::plugin_dir_with(dir, &["libccm_provider_metal.so"])
 }
 
 const INVENTORY: &str = "\

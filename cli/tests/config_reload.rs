@@ -15,14 +15,14 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube_apiserver_inmem::ApiServer;
 use serde_json::{json, Value};
 
 mod support;
 
-use support::{free_port, plugin_dir, BIN};
+use support::{free_port, plugin_dir, wait_until, BIN};
 
 const WAIT: Duration = Duration::from_secs(30);
 const TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -197,20 +197,6 @@ fn client_tls() -> Arc<rustls::ClientConfig> {
     )
 }
 
-fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 struct Cluster {
     server: ApiServer,
     dir: tempfile::TempDir,
@@ -251,7 +237,7 @@ impl Cluster {
                 "spec": {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]}}),
             )
             .unwrap();
-        wait_until(&format!("node {name} initialised"), || {
+        wait_until(&format!("node {name} initialised"), WAIT, || {
             self.server.controls().get("nodes", "", name).and_then(|n| {
                 n["metadata"]["labels"][TYPE_LABEL]
                     .as_str()
@@ -278,7 +264,7 @@ async fn a_kubelet_secret_update_reconfigures_the_provider_and_a_bad_one_keeps_i
 
         // The Secret changes: kubelet swaps ..data to a new directory.
         kubelet_write(&secret, 2, &c.config("defaults: {instanceType: large}\n"));
-        wait_until("the reload", || {
+        wait_until("the reload", WAIT, || {
             (d.logged("INFO", "cloud provider reconfigured in place") == 1).then_some(())
         });
         assert_eq!(c.initialised_type("b"), "large");
@@ -287,7 +273,7 @@ async fn a_kubelet_secret_update_reconfigures_the_provider_and_a_bad_one_keeps_i
 
         // A bad version: one ERROR line, the provider stays as it was.
         kubelet_write(&secret, 3, &c.config("defaults: {instanceTyp: huge}\n"));
-        wait_until("the refused reload", || {
+        wait_until("the refused reload", WAIT, || {
             (d.logged("ERROR", "changed but cannot be applied") == 1).then_some(())
         });
         let line = d
@@ -317,7 +303,7 @@ async fn a_kubelet_secret_update_reconfigures_the_provider_and_a_bad_one_keeps_i
 
         // Fixed: applied.
         kubelet_write(&secret, 5, &c.config("defaults: {instanceType: xl}\n"));
-        wait_until("the second reload", || {
+        wait_until("the second reload", WAIT, || {
             (d.logged("INFO", "cloud provider reconfigured in place") == 2).then_some(())
         });
         assert_eq!(c.initialised_type("d"), "xl");
@@ -346,7 +332,7 @@ async fn without_reconfigure_the_provider_is_rebuilt_but_never_with_other_capabi
     tokio::task::block_in_place(|| {
         assert_eq!(c.initialised_type("a"), "small");
         write(&c.config("defaults: {instanceType: large}\nreconfigure: notImplemented\n"));
-        wait_until("the rebuild", || {
+        wait_until("the rebuild", WAIT, || {
             (d.logged("INFO", "rebuilt from its factory and swapped in") == 1).then_some(())
         });
         assert_eq!(d.calls("initialize"), 2, "the new instance was initialised");
@@ -356,7 +342,7 @@ async fn without_reconfigure_the_provider_is_rebuilt_but_never_with_other_capabi
         write(&c.config(
             "defaults: {instanceType: xl}\nreconfigure: notImplemented\ndisableLoadBalancers: true\n",
         ));
-        wait_until("the refused rebuild", || {
+        wait_until("the refused rebuild", WAIT, || {
             (d.logged("ERROR", "changes what the provider offers") == 1).then_some(())
         });
         assert_eq!(c.initialised_type("c"), "large");
@@ -382,14 +368,14 @@ async fn the_providers_health_is_the_cloud_provider_check_of_readyz() {
         ccm_provider_fake::control::write_control(&c.state_dir, &live).unwrap();
     };
     tokio::task::block_in_place(|| {
-        wait_until("/readyz/cloud-provider ok", || {
+        wait_until("/readyz/cloud-provider ok", WAIT, || {
             d.get("/readyz/cloud-provider")
                 .filter(|(code, _)| *code == 200)
         });
         assert_eq!(d.get("/readyz"), Some((200, "ok".into())));
 
         control(json!({"health": {"kind": "unauthorized", "message": "credentials rejected"}}));
-        let (_, body) = wait_until("/readyz fails", || {
+        let (_, body) = wait_until("/readyz fails", WAIT, || {
             d.get("/readyz").filter(|(code, _)| *code == 503)
         });
         // The reason is withheld at the root path and told at the check's own (the test's
@@ -410,18 +396,18 @@ async fn the_providers_health_is_the_cloud_provider_check_of_readyz() {
             Some(200),
             "liveness is not the cloud's health"
         );
-        wait_until("the change logged", || {
+        wait_until("the change logged", WAIT, || {
             (d.logged("WARN", "health probe failed: credentials rejected") == 1).then_some(())
         });
 
         control(json!({}));
-        wait_until("/readyz ok again", || {
+        wait_until("/readyz ok again", WAIT, || {
             d.get("/readyz").filter(|(code, _)| *code == 200)
         });
 
         // A provider that offers no probe has no check.
         control(json!({"health": {"kind": "not_implemented"}}));
-        wait_until("no cloud-provider check", || {
+        wait_until("no cloud-provider check", WAIT, || {
             d.get("/readyz/cloud-provider")
                 .filter(|(code, _)| *code == 404)
         });

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{free_port, https, plugin_dir, BIN};
+use support::{free_port, https, plugin_dir, wait_until, BIN};
 
 struct Replica {
     child: Child,
@@ -151,17 +151,6 @@ impl Drop for Replica {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !f() {
-        assert!(
-            started.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -13,6 +13,8 @@
 //! The developer tools (sandbox, check, new-provider) are the `ccm-host-tools` crate and the binary
 //! is `ccm-host-cli`; this crate does not depend on either, nor on the in-memory API server.
 
+#![deny(missing_docs)]
+
 pub mod args;
 pub mod controllers;
 pub mod daemon;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
@@ -137,39 +137,4 @@ impl Drop for Harness {
     }
 }
 
-/// Poll `check` until it returns `Some`, for at most `timeout` (a bounded wait for an outcome,
-/// not a timing assertion). Panics with `what` on timeout.
-pub async fn eventually<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        if started.elapsed() > timeout {
-            panic!("timed out after {timeout:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Async variant of [`eventually`].
-pub async fn eventually_async<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if started.elapsed() > timeout {
-            panic!("timed out after {timeout:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use ccm_test_support::{eventually, eventually_async};

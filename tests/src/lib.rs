@@ -6,24 +6,7 @@ pub mod metal;
 
 use std::path::{Path, PathBuf};
 
-/// Path of a cdylib built by cargo for this test run, by library name
-/// (e.g. `ccm_provider_fake`). Plugin crates are dev-dependencies of this crate, so
-/// `cargo test` builds them next to the test binaries (`target/<profile>/deps`).
-pub fn built_plugin(lib_name: &str) -> PathBuf {
-    let file = format!("lib{lib_name}.so");
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("test binary directory");
-    for dir in [deps, deps.parent().unwrap_or(deps)] {
-        let candidate = dir.join(&file);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "{file} was not built next to {}; run the tests with `cargo test --workspace`",
-        deps.display()
-    );
-}
+pub use ccm_test_support::built_plugin;
 
 /// A fresh plugin directory holding copies of built plugins under chosen file names.
 pub struct PluginDir {

@@ -17,7 +17,8 @@ use ccm_host::controllers::node_addresses::{
 };
 use ccm_host::controllers::route::parse_cluster_cidrs;
 use ccm_host::controllers::service::predicates::{node_included, parse_go_bool, split_key};
-use ccm_host::daemon::selection::{ControllerSelection, CONTROLLERS};
+use ccm_host::controllers::{ControllerName, CONTROLLERS};
+use ccm_host::daemon::selection::ControllerSelection;
 use ccm_host::runtime::duration;
 use ccm_host::runtime::well_known::EXCLUDE_LB_LABEL;
 use ccm_provider_abi::ErrorKind;
@@ -25,6 +26,11 @@ use ccm_provider_fake::config::{GoDuration, IpPool, METHODS};
 use ccm_provider_fake::{ErrorSpec, FakeConfig, InjectedKind, InstanceConfig};
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use proptest::prelude::*;
+
+/// The names of every controller the host has.
+fn controller_names() -> [ControllerName; 4] {
+    CONTROLLERS.each_ref().map(|c| c.name)
+}
 
 /// `n` cases per property, or `PROPTEST_CASES` when set (for long local runs).
 fn cases(n: u32) -> ProptestConfig {
@@ -64,7 +70,7 @@ fn any_ip() -> impl Strategy<Value = IpAddr> {
 
 /// A known item as a user may write it: `*`, a canonical name or alias, maybe `-`, maybe spaces.
 fn known_item() -> impl Strategy<Value = String> {
-    let names: Vec<&'static str> = CONTROLLERS
+    let names: Vec<&'static str> = controller_names()
         .iter()
         .flat_map(|c| [c.canonical, c.alias])
         .collect();
@@ -79,8 +85,8 @@ fn known_item() -> impl Strategy<Value = String> {
 /// Upstream's rule, written from the spec rather than from the implementation: per controller,
 /// the first item naming it (by canonical name or alias) decides; else `*` anywhere enables it.
 fn upstream_enabled(items: &[String], canonical: &str) -> bool {
-    let c = CONTROLLERS
-        .iter()
+    let c = controller_names()
+        .into_iter()
         .find(|c| c.canonical == canonical)
         .unwrap();
     for raw in items {
@@ -103,7 +109,7 @@ proptest! {
     fn controllers_any_text_is_accepted_or_each_unknown_item_is_named(s in "\\PC{0,40}") {
         match ControllerSelection::parse(std::slice::from_ref(&s)) {
             Ok(sel) => {
-                for c in CONTROLLERS {
+                for c in controller_names() {
                     prop_assert_eq!(sel.is_enabled(c.canonical), upstream_enabled(&s.split(',').map(str::to_string).collect::<Vec<_>>(), c.canonical));
                 }
             }
@@ -113,7 +119,7 @@ proptest! {
                     .map(|i| i.trim())
                     .filter(|i| *i != "*")
                     .map(|i| i.strip_prefix('-').unwrap_or(i).to_string())
-                    .filter(|n| !CONTROLLERS.iter().any(|c| c.canonical == n || c.alias == n))
+                    .filter(|n| !controller_names().iter().any(|c| c.canonical == n || c.alias == n))
                     .collect();
                 prop_assert_eq!(errors.len(), unknown.len());
                 for (e, name) in errors.iter().zip(&unknown) {
@@ -128,11 +134,11 @@ proptest! {
         // As one comma list, or as repeated flags.
         let args = if split { items.clone() } else { vec![items.join(",")] };
         let sel = ControllerSelection::parse(&args).expect("known names parse");
-        for c in CONTROLLERS {
+        for c in controller_names() {
             prop_assert_eq!(sel.is_enabled(c.canonical), upstream_enabled(&items, c.canonical), "{}", c.canonical);
         }
-        let enabled: Vec<&str> = sel.enabled().iter().map(|c| c.canonical).collect();
-        let expected: Vec<&str> = CONTROLLERS.iter().map(|c| c.canonical).filter(|c| upstream_enabled(&items, c)).collect();
+        let enabled: Vec<&str> = sel.enabled().iter().map(|c| c.name.canonical).collect();
+        let expected: Vec<&str> = controller_names().iter().map(|c| c.canonical).filter(|c| upstream_enabled(&items, c)).collect();
         prop_assert_eq!(enabled, expected);
     }
 }

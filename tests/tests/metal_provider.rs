@@ -201,7 +201,7 @@ async fn nodes_are_initialised_from_the_inventory_by_name_address_and_provider_i
 
     let e = ctrl.sync_node("stranger").await.unwrap_err();
     assert!(
-        e.contains("instance not found: node \"stranger\": no machine has its name or any of its addresses"),
+        e.to_string().contains("instance not found: node \"stranger\": no machine has its name or any of its addresses"),
         "{e}"
     );
     assert_eq!(taint_keys(&stored_node(&env, "stranger")), vec![TAINT]);
@@ -279,7 +279,7 @@ async fn inventory_edits_apply_without_a_restart_and_bad_edits_keep_the_last_goo
         "the last good inventory stays in force"
     );
     let e = ctrl.sync_node("node-d").await.unwrap_err();
-    assert!(e.contains("instance not found"), "{e}");
+    assert!(e.to_string().contains("instance not found"), "{e}");
     ctrl.sync_node("node-a")
         .await
         .expect("machines of the last good inventory still initialise");

@@ -198,7 +198,10 @@ async fn sync_once(h: &Harness, name: &str) -> Result<(), String> {
             .then_some(())
     })
     .await;
-    NodeController::new(ctx).sync_node(name).await
+    NodeController::new(ctx)
+        .sync_node(name)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn v1_cloud(instance: Value) -> FakeConfig {

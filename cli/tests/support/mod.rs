@@ -11,39 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Instant;
 
+#[allow(unused_imports)] // not every process test waits
+pub use ccm_test_support::{plugin_dir_with, wait_until};
+
 /// The `ccm-host` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
 
 /// The fake plugin cargo built for this test run (a dev-dependency), copied into `dir/plugins`.
 pub fn plugin_dir(dir: &Path) -> PathBuf {
     plugin_dir_with(dir, &["libccm_provider_fake.so"])
-}
-
-/// Plugins cargo built for this test run (dev-dependencies, e.g. `libccm_provider_fake.so`,
-/// `libccm_provider_metal.so`), copied into `dir/plugins`.
-pub fn plugin_dir_with(dir: &Path, libs: &[&str]) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let plugins = dir.join("plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    for lib in libs {
-        let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-            .into_iter()
-            .map(|d| d.join(lib))
-            .find(|p| p.is_file())
-            .unwrap_or_else(|| panic!("{lib} built by cargo"));
-        // Write a new file and rename it into place, never overwrite in place: a replica started
-        // earlier from the same directory may be loading (or have mapped) the current file, and a
-        // copy truncates it under that replica (a standby once read a truncated library).
-        static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = plugins.join(format!(".{lib}.{}.{n}", std::process::id()));
-        std::fs::copy(so, &tmp).unwrap();
-        std::fs::rename(&tmp, plugins.join(lib)).unwrap();
-    }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
-    plugins
 }
 
 /// SplitMix64: a small, seedable generator whose sequence never changes between versions, so a

@@ -20,9 +20,10 @@ pub mod cache_trim;
 pub mod node;
 pub mod node_addresses;
 pub mod node_lifecycle;
-pub mod node_ownership;
+pub(crate) mod node_ownership;
 pub mod route;
 pub mod service;
+pub(crate) mod sync_error;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use kube::runtime::watcher;
 use kube::Api;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::provider::throttle::THROTTLED_EVENT_REASON;
 use crate::provider::{Provider, Throttled};
@@ -55,6 +58,10 @@ pub struct ControllerConfig {
     pub concurrent_service_syncs: usize,
     /// `--route-reconciliation-period` (default 10s).
     pub route_reconciliation_period: Duration,
+    /// `--configure-cloud-routes` (default true): a start condition of the route controller.
+    pub configure_cloud_routes: bool,
+    /// `--cluster-cidr`: the pod network the route controller needs (checked when it starts).
+    pub cluster_cidr: String,
     /// `--load-balancer-class` (repeatable): classes this host also handles.
     pub load_balancer_classes: Vec<String>,
     /// `--ignore-classless-services`: leave services without a class to another controller.
@@ -79,6 +86,8 @@ impl Default for ControllerConfig {
             concurrent_node_status_updates: 0,
             concurrent_service_syncs: 1,
             route_reconciliation_period: Duration::from_secs(10),
+            configure_cloud_routes: true,
+            cluster_cidr: String::new(),
             load_balancer_classes: Vec::new(),
             ignore_classless_services: false,
             node_deletion: node_lifecycle::NodeDeletionPolicy::default(),
@@ -215,6 +224,59 @@ impl ControllerContext {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct NotStarted(pub String);
+
+/// The names of one controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControllerName {
+    /// Canonical name (`cloud-node-controller`).
+    pub canonical: &'static str,
+    /// Alias (`cloud-node`), also the `running_managed_controllers` name.
+    pub alias: &'static str,
+    /// Upstream's client identity: the User-Agent suffix of the controller's own API client
+    /// (both node controllers are `node-controller` upstream).
+    pub client: &'static str,
+}
+
+/// How starting a controller went, as upstream's controller manager sees it.
+#[derive(Debug)]
+pub enum Start {
+    /// Running until the context's `stop` token is cancelled.
+    Started(JoinHandle<()>),
+    /// A start condition does not hold: logged, and the manager goes on without it.
+    Skipped(NotStarted),
+    /// A start error that ends `ccm-host run`.
+    Fatal(String),
+}
+
+impl Start {
+    /// Spawn `run` (in the current tracing span) when `check` passed, else skip.
+    fn when<F>(check: Result<(), NotStarted>, run: impl FnOnce() -> F) -> Self
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match check {
+            Ok(()) => Self::Started(tokio::spawn(run().in_current_span())),
+            Err(not_started) => Self::Skipped(not_started),
+        }
+    }
+}
+
+/// One controller the host can run: its names and how it starts.
+#[derive(Debug)]
+pub struct Controller {
+    /// Its names (`--controllers`, metrics, health checks, User-Agent).
+    pub name: ControllerName,
+    /// Check the start conditions and spawn the controller.
+    pub start: fn(&ControllerContext) -> Start,
+}
+
+/// Every controller the host has, in start order: `--controllers` reads its names from here.
+pub static CONTROLLERS: [Controller; 4] = [
+    node::CONTROLLER,
+    node_lifecycle::CONTROLLER,
+    service::CONTROLLER,
+    route::CONTROLLER,
+];
 
 /// Publish the Warning event of a throttled provider call on `object` (reason
 /// `CloudProviderThrottled`, the message names the method and the pause) and log it.

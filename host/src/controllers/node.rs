@@ -43,8 +43,12 @@ use super::node_addresses::{
     addresses_changed, apply_node_ip, desired_addresses, is_reserved_label_key,
     label_reconciliation,
 };
-use super::{publish_throttled, ControllerConfig, ControllerContext, NotStarted};
-use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider, Throttled};
+use super::sync_error::{Requeue, SyncError};
+use super::{
+    publish_throttled, Controller, ControllerConfig, ControllerContext, ControllerName, NotStarted,
+    Start,
+};
+use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider};
 use crate::runtime::events::{node_ref, EventRecorder, EventType};
 use crate::runtime::informer::Change;
 use crate::runtime::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
@@ -88,6 +92,16 @@ pub fn check(ctx: &ControllerContext) -> Result<(), NotStarted> {
     }
     Ok(())
 }
+
+/// The cloud-node controller in the start-up table ([`super::CONTROLLERS`]).
+pub const CONTROLLER: Controller = Controller {
+    name: ControllerName {
+        canonical: NAME,
+        alias: ALIAS,
+        client: "node-controller",
+    },
+    start: |ctx| Start::when(check(ctx), || run(ctx.clone())),
+};
 
 /// Run until `ctx.stop` is cancelled.
 pub async fn run(ctx: ControllerContext) {
@@ -262,61 +276,10 @@ pub(crate) fn kube_error_text(e: &kube::Error) -> String {
     }
 }
 
-/// Why a node sync (or an address refresh) failed: upstream's error text, and the pause when
-/// the failing provider call was throttled by the cloud.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeSyncError {
-    /// The error text (upstream's wording).
-    pub message: String,
-    /// Set when a provider call was throttled: the node is retried after the pause.
-    pub throttled: Option<Throttled>,
-}
-
-impl NodeSyncError {
-    /// A provider error as is (its text, and whether it was throttled).
-    fn provider(e: &ProviderError) -> Self {
-        Self {
-            message: e.to_string(),
-            throttled: Throttled::of(e),
-        }
-    }
-
-    /// `message`, throttled when `e` was.
-    fn from_provider(message: String, e: &ProviderError) -> Self {
-        Self {
-            message,
-            throttled: Throttled::of(e),
-        }
-    }
-
-    /// Prefix the message, keeping the throttling.
-    fn context(self, context: impl std::fmt::Display) -> Self {
-        Self {
-            message: format!("{context}: {}", self.message),
-            ..self
-        }
-    }
-}
-
-impl From<String> for NodeSyncError {
-    fn from(message: String) -> Self {
-        Self {
-            message,
-            throttled: None,
-        }
-    }
-}
-
-impl From<&str> for NodeSyncError {
-    fn from(message: &str) -> Self {
-        message.to_string().into()
-    }
-}
-
-impl std::fmt::Display for NodeSyncError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
+/// A provider error as a node sync error: its text, and whether it was throttled (a `RetryError`
+/// is not honoured here, as upstream's node controller does not).
+fn provider_error(e: &ProviderError) -> SyncError {
+    SyncError::mentioning(e.to_string(), e)
 }
 
 /// The first error of a by-provider-ID / by-name pair was throttled: the fallback is not tried
@@ -361,7 +324,7 @@ pub async fn get_instance_metadata(
 ) -> Result<Option<InstanceMetadata>, String> {
     instance_metadata(provider, &Arc::new(node.clone()), None)
         .await
-        .map_err(|e| e.message)
+        .map_err(|e| e.to_string())
 }
 
 /// How initialisation uses the provider's instance cache: it accepts answers younger than
@@ -406,7 +369,7 @@ async fn instance_metadata(
     provider: &Provider,
     node: &Arc<Node>,
     cache: Option<CacheUse>,
-) -> Result<Option<InstanceMetadata>, NodeSyncError> {
+) -> Result<Option<InstanceMetadata>, SyncError> {
     let name = name_of(node);
     let caps = provider.capabilities();
     let batched = cache.is_some() && provider.bulk_instances();
@@ -415,7 +378,7 @@ async fn instance_metadata(
             Some(cache) => provider.instance_metadata_cached(node, cache).await,
             None => provider.instance_metadata(node).await,
         }
-        .map_err(|e| NodeSyncError::provider(&e))?;
+        .map_err(|e| provider_error(&e))?;
         return match md {
             Some(mut md) if md.provider_id.is_empty() => {
                 if provider_id_of(node).is_empty() {
@@ -441,15 +404,15 @@ async fn instance_metadata(
             Err(e) if e.kind() == ErrorKind::NOT_IMPLEMENTED => {
                 tracing::warn!(controller = NAME, node = name, "cloud provider does not implement InstanceID; initialising without a provider ID");
             }
-            Err(e) => return Err(NodeSyncError::provider(&e)),
+            Err(e) => return Err(provider_error(&e)),
         }
     }
     let node_addresses = addresses_by_provider_id_or_name(provider, &provider_id, name).await?;
     let instance_type = match provider.instance_type_by_provider_id(&provider_id).await {
         Ok(t) => t,
-        Err(by_id) if throttled_first(&by_id) => return Err(NodeSyncError::provider(&by_id)),
+        Err(by_id) if throttled_first(&by_id) => return Err(provider_error(&by_id)),
         Err(by_id) => provider.instance_type(name).await.map_err(|by_name| {
-            NodeSyncError::from_provider(format!(
+            SyncError::mentioning(format!(
                 "InstanceType: Error fetching by providerID: {by_id} Error fetching by NodeName: {by_name}"
             ), &by_name)
         })?,
@@ -464,11 +427,11 @@ async fn instance_metadata(
         let zone = match provider.get_zone_by_provider_id(&provider_id).await {
             Ok(z) => z,
             Err(by_id) if throttled_first(&by_id) => {
-                return Err(NodeSyncError::provider(&by_id)
+                return Err(provider_error(&by_id)
                     .context("failed to get zone from cloud provider"))
             }
             Err(by_id) => provider.get_zone_by_node_name(name).await.map_err(|by_name| {
-                NodeSyncError::from_provider(format!(
+                SyncError::mentioning(format!(
                     "failed to get zone from cloud provider: Zone: Error fetching by providerID: {by_id} Error fetching by NodeName: {by_name}"
                 ), &by_name)
             })?,
@@ -489,12 +452,12 @@ async fn addresses_by_provider_id_or_name(
     provider: &Provider,
     provider_id: &str,
     name: &str,
-) -> Result<Vec<NodeAddress>, NodeSyncError> {
+) -> Result<Vec<NodeAddress>, SyncError> {
     match provider.node_addresses_by_provider_id(provider_id).await {
         Ok(a) => Ok(a),
-        Err(by_id) if throttled_first(&by_id) => Err(NodeSyncError::provider(&by_id)),
+        Err(by_id) if throttled_first(&by_id) => Err(provider_error(&by_id)),
         Err(by_id) => provider.node_addresses(name).await.map_err(|by_name| {
-            NodeSyncError::from_provider(
+            SyncError::mentioning(
                 format!(
                     "error fetching node by provider ID: {by_id}, and error by node name: {by_name}"
                 ),
@@ -649,37 +612,33 @@ impl NodeController {
     /// sync is re-queued after the provider's pause with its failure count unchanged (not
     /// forgotten, not rate-limited).
     async fn process(&self, name: &String) {
-        match self.try_sync_node(name).await {
-            Ok(()) => self.queue.forget(name),
-            Err(NodeSyncError {
-                throttled: Some(throttled),
-                ..
-            }) => {
-                if let Some(node) = self.ctx.nodes.store().get(name) {
-                    publish_throttled(&self.recorder, node_ref(&node), &throttled);
+        let result = self.sync_node(name).await;
+        let requeue = Requeue::of(&result);
+        let mut overall = Duration::ZERO;
+        match (&result, requeue) {
+            (Err(e), Requeue::Throttled(_)) => {
+                if let (Some(throttled), Some(node)) =
+                    (e.throttled(), self.ctx.nodes.store().get(name))
+                {
+                    publish_throttled(&self.recorder, node_ref(&node), throttled);
                 }
-                self.queue.add_after(name.clone(), throttled.pause);
             }
-            Err(e) => {
-                let overall = self
+            (Err(e), _) => {
+                overall = self
                     .bucket
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .reserve();
                 tracing::info!(controller = NAME, node = %name, "error syncing '{name}': {e}, requeuing");
-                self.queue.add_rate_limited_min(name.clone(), overall);
             }
+            (Ok(()), _) => {}
         }
+        requeue.apply(&self.queue, name, overall);
     }
 
     /// Upstream `syncNode`: initialise a tainted node, or reconcile the labels of an
     /// initialised one. A node missing from the cache is done.
-    pub async fn sync_node(&self, name: &str) -> Result<(), String> {
-        self.try_sync_node(name).await.map_err(|e| e.message)
-    }
-
-    /// [`NodeController::sync_node`], telling a throttled provider call apart.
-    pub async fn try_sync_node(&self, name: &str) -> Result<(), NodeSyncError> {
+    pub async fn sync_node(&self, name: &str) -> Result<(), SyncError> {
         let Some(cur) = self.ctx.nodes.store().get(name) else {
             return Ok(());
         };
@@ -871,14 +830,14 @@ impl NodeController {
     async fn instance_node_addresses(
         &self,
         node: &Arc<Node>,
-    ) -> Result<Option<InstanceMetadata>, NodeSyncError> {
+    ) -> Result<Option<InstanceMetadata>, SyncError> {
         let provider = &self.ctx.provider;
         let caps = provider.capabilities();
         if caps.instances_v2 {
             return provider
                 .instance_metadata_cached(node, address_cache_use(&self.ctx.config))
                 .await
-                .map_err(|e| NodeSyncError::provider(&e));
+                .map_err(|e| provider_error(&e));
         }
         if !caps.instances {
             return Err("failed to get instances from cloud provider".into());
@@ -938,7 +897,7 @@ impl NodeController {
     async fn on_instance_addresses(
         &self,
         node: &Node,
-        answer: Result<Option<InstanceMetadata>, NodeSyncError>,
+        answer: Result<Option<InstanceMetadata>, SyncError>,
     ) {
         match answer {
             Ok(Some(md)) => self.update_node_address(node, &md).await,
@@ -952,10 +911,11 @@ impl NodeController {
             }
             // Throttled: the node's addresses are refreshed by the next pass, whose calls
             // wait for the pause.
-            Err(NodeSyncError {
-                throttled: Some(throttled),
-                ..
-            }) => publish_throttled(&self.recorder, node_ref(node), &throttled),
+            Err(e) if e.throttled().is_some() => {
+                if let Some(throttled) = e.throttled() {
+                    publish_throttled(&self.recorder, node_ref(node), throttled);
+                }
+            }
             Err(e) => {
                 tracing::error!(
                     controller = NAME,
@@ -970,10 +930,10 @@ impl NodeController {
 /// The metadata in a bulk answer, as the per-node `InstanceMetadata` would answer it.
 fn metadata_of_answer(
     answer: Result<InstanceAnswer, ProviderError>,
-) -> Result<Option<InstanceMetadata>, NodeSyncError> {
+) -> Result<Option<InstanceMetadata>, SyncError> {
     answer
         .and_then(InstanceAnswer::into_metadata)
-        .map_err(|e| NodeSyncError::provider(&e))
+        .map_err(|e| provider_error(&e))
 }
 
 #[cfg(test)]

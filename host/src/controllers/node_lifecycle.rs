@@ -37,7 +37,10 @@ use kube::api::DeleteParams;
 use kube::Api;
 
 use super::node::{get_instance_provider_id, kube_error_text};
-use super::{publish_if_throttled, ControllerConfig, ControllerContext, NotStarted};
+use super::{
+    publish_if_throttled, Controller, ControllerConfig, ControllerContext, ControllerName,
+    NotStarted, Start,
+};
 use crate::provider::bulk::INSTANCES_BATCH;
 use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider};
 use crate::runtime::events::{node_ref, EventRecorder, EventType};
@@ -153,6 +156,16 @@ pub fn check(ctx: &ControllerContext) -> Result<(), NotStarted> {
     }
     Ok(())
 }
+
+/// The cloud-node-lifecycle controller in the start-up table ([`super::CONTROLLERS`]).
+pub const CONTROLLER: Controller = Controller {
+    name: ControllerName {
+        canonical: NAME,
+        alias: ALIAS,
+        client: "node-controller",
+    },
+    start: |ctx| Start::when(check(ctx), || run(ctx.clone())),
+};
 
 /// Run until `ctx.stop` is cancelled: a [`NodeMonitor`] pass every `node_monitor_period`,
 /// measured from the end of one pass to the start of the next.

@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{broadcast, Semaphore};
 
-use super::{publish_throttled, ControllerContext, NotStarted};
+use super::{publish_throttled, Controller, ControllerContext, ControllerName, NotStarted, Start};
 use crate::provider::Throttled;
 use crate::runtime::events::{node_ref, EventRecorder, EventType};
 use crate::runtime::informer::Change;
@@ -68,30 +68,38 @@ pub fn parse_cluster_cidrs(value: &str) -> Result<Vec<IpNet>, String> {
     }
 }
 
-/// Start conditions (evaluated at start-up): routes configured, provider supports Routes, and a
-/// valid cluster CIDR. `Err(Ok(NotStarted))` = skipped, `Err(Err(msg))` = fatal start error.
-pub fn check(
-    ctx: &ControllerContext,
-    configure_cloud_routes: bool,
-    cluster_cidr: &str,
-) -> Result<Vec<IpNet>, Result<NotStarted, String>> {
-    if !configure_cloud_routes {
-        return Err(Ok(NotStarted(
+/// The route controller in the start-up table ([`super::CONTROLLERS`]).
+pub const CONTROLLER: Controller = Controller {
+    name: ControllerName {
+        canonical: NAME,
+        alias: ALIAS,
+        client: "route-controller",
+    },
+    start,
+};
+
+/// Start conditions (evaluated at start-up): routes configured (`--configure-cloud-routes`),
+/// provider supports Routes (else skipped, as upstream), and a valid `--cluster-cidr` (else a
+/// fatal start error).
+fn start(ctx: &ControllerContext) -> Start {
+    if !ctx.config.configure_cloud_routes {
+        return Start::Skipped(NotStarted(
             "--configure-cloud-routes is set to false".into(),
-        )));
+        ));
     }
     if !ctx.provider.capabilities().routes {
-        return Err(Ok(NotStarted(
+        return Start::Skipped(NotStarted(
             "the cloud provider does not support routes".into(),
-        )));
+        ));
     }
-    parse_cluster_cidrs(cluster_cidr).map_err(|e| {
-        Err(format!(
+    match parse_cluster_cidrs(&ctx.config.cluster_cidr) {
+        Ok(cidrs) => Start::when(Ok(()), || run(ctx.clone(), cidrs)),
+        Err(e) => Start::Fatal(format!(
             "the route controller needs the pod network range: {e}. Set --cluster-cidr (e.g. \
              10.244.0.0/16 or 10.244.0.0/16,fd00:10:244::/56), or turn routes off with \
              --configure-cloud-routes=false or --controllers=*,-route"
-        ))
-    })
+        )),
+    }
 }
 
 /// Whether a node change should trigger a reconcile (upstream's watch-mode predicate).

@@ -145,7 +145,7 @@ pub struct RunArgs {
     /// How often the --cloud-config file is checked for changes (a mounted Secret or ConfigMap
     /// included); changed bytes are handed to the provider without a restart (beyond
     /// upstream). 0 = no hot reload.
-    #[arg(help_heading = ADDITIONS, long, default_value = "5s")]
+    #[arg(help_heading = ADDITIONS, long, default_value_t = crate::runtime::duration::format(super::cloud_config::DEFAULT_RELOAD_PERIOD))]
     pub cloud_config_reload_period: String,
     /// How often the provider's health probe (ABI 1.1) runs; its last answer is the
     /// cloud-provider check of /readyz (beyond upstream). 0 = no probe.
@@ -449,6 +449,8 @@ impl RunArgs {
                 concurrent_node_status_updates: to_usize(self.concurrent_node_status_updates),
                 concurrent_service_syncs: to_usize(self.concurrent_service_syncs),
                 route_reconciliation_period: route_period,
+                configure_cloud_routes: self.configure_cloud_routes,
+                cluster_cidr: self.cluster_cidr.clone(),
                 load_balancer_classes: default_classes,
                 ignore_classless_services: self.ignore_classless_services,
                 node_deletion: NodeDeletionPolicy {

@@ -7,15 +7,15 @@
 //! lease exits with status 1 like upstream; SIGTERM/SIGINT stop the controllers, release the
 //! lease and exit 0.
 
-pub mod cloud_config;
-pub mod delegated_auth;
-pub mod flags;
-pub mod http;
-pub mod lease_health;
-pub mod provider_health;
+pub(crate) mod cloud_config;
+pub(crate) mod delegated_auth;
+pub(crate) mod flags;
+pub(crate) mod http;
+pub(crate) mod lease_health;
+pub(crate) mod provider_health;
 pub mod provider_set;
 pub mod selection;
-pub mod serving;
+pub(crate) mod serving;
 pub mod upstream_flags;
 
 use std::path::Path;
@@ -27,7 +27,7 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::controllers::{self, ControllerContext};
+use crate::controllers::{self, ControllerContext, Start};
 use crate::plugin::PluginRegistry;
 use crate::provider::{HostServices, Provider, ProviderOptions};
 use crate::runtime::kube_clients::{self, KubeClients};
@@ -36,7 +36,6 @@ use crate::runtime::ownership::Ownership;
 pub use flags::{RunArgs, RunSettings};
 use provider_set::{LbHosts, ProviderSpec};
 use selection::ControllerName;
-use tracing::Instrument;
 
 /// Exit code for invalid flags or an unusable provider/plugin (as upstream's flag errors).
 pub const EXIT_USAGE: i32 = 2;
@@ -525,7 +524,8 @@ impl Daemon {
             })
             .collect();
         let mut handles = Vec::new();
-        for name in self.settings.selection.enabled() {
+        for controller in self.settings.selection.enabled() {
+            let name = controller.name;
             for (a, (owned, lb)) in self.active.iter().zip(&scoped) {
                 let scope = if name.canonical == controllers::service::NAME {
                     lb
@@ -548,10 +548,10 @@ impl Daemon {
                 };
                 let started = {
                     let _entered = span.enter();
-                    start_controller(name, &ctx, &self.args)
+                    (controller.start)(&ctx)
                 };
                 match started {
-                    Ok(Some(handle)) => {
+                    Start::Started(handle) => {
                         tracing::info!(
                             controller = name.canonical,
                             provider = a.spec.name,
@@ -559,8 +559,15 @@ impl Daemon {
                         );
                         handles.push((name, handle));
                     }
-                    Ok(None) => {}
-                    Err(e) => {
+                    Start::Skipped(not_started) => {
+                        let _entered = span.enter();
+                        tracing::warn!(
+                            controller = name.canonical,
+                            "not started{}: {not_started}",
+                            for_provider(&ctx)
+                        );
+                    }
+                    Start::Fatal(e) => {
                         eprintln!("error: starting {}: {e}", name.canonical);
                         self.stop.cancel();
                         return Err(EXIT_FATAL);
@@ -601,61 +608,6 @@ impl Daemon {
         if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
             tracing::warn!("controllers did not stop within {SHUTDOWN_GRACE:?}");
         }
-    }
-}
-
-/// Start one controller: `Ok(None)` when its start conditions say "not started" (logged, as
-/// upstream), `Err` for a fatal start error.
-fn start_controller(
-    name: ControllerName,
-    ctx: &ControllerContext,
-    args: &RunArgs,
-) -> Result<Option<JoinHandle<()>>, String> {
-    let simple = |check: fn(&ControllerContext) -> Result<(), controllers::NotStarted>,
-                  run: fn(
-        ControllerContext,
-    )
-        -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>|
-     -> Result<Option<JoinHandle<()>>, String> {
-        match check(ctx) {
-            Ok(()) => Ok(Some(tokio::spawn(run(ctx.clone()).in_current_span()))),
-            Err(not_started) => {
-                tracing::warn!(
-                    controller = name.canonical,
-                    "not started{}: {not_started}",
-                    for_provider(ctx)
-                );
-                Ok(None)
-            }
-        }
-    };
-    match name.canonical {
-        controllers::node::NAME => simple(controllers::node::check, |c| {
-            Box::pin(controllers::node::run(c))
-        }),
-        controllers::node_lifecycle::NAME => simple(controllers::node_lifecycle::check, |c| {
-            Box::pin(controllers::node_lifecycle::run(c))
-        }),
-        controllers::service::NAME => simple(controllers::service::check, |c| {
-            Box::pin(controllers::service::run(c))
-        }),
-        controllers::route::NAME => {
-            match controllers::route::check(ctx, args.configure_cloud_routes, &args.cluster_cidr) {
-                Ok(cidrs) => Ok(Some(tokio::spawn(
-                    controllers::route::run(ctx.clone(), cidrs).in_current_span(),
-                ))),
-                Err(Ok(not_started)) => {
-                    tracing::warn!(
-                        controller = name.canonical,
-                        "not started{}: {not_started}",
-                        for_provider(ctx)
-                    );
-                    Ok(None)
-                }
-                Err(Err(fatal)) => Err(fatal),
-            }
-        }
-        other => Err(format!("no implementation for controller {other}")),
     }
 }
 

@@ -6,41 +6,8 @@
 //! and have no effect (named in the start-up warning), so those charts run unchanged; any
 //! other unknown name is an error, as upstream's.
 
-/// One controller: canonical name, alias, short name used by metrics and `/healthz`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ControllerName {
-    /// Canonical name (`cloud-node-controller`).
-    pub canonical: &'static str,
-    /// Alias (`cloud-node`), also the `running_managed_controllers` name.
-    pub alias: &'static str,
-    /// Upstream's client identity: the User-Agent suffix of the controller's own API client
-    /// (both node controllers are `node-controller` upstream).
-    pub client: &'static str,
-}
-
-/// Every controller the host knows, in start order.
-pub const CONTROLLERS: [ControllerName; 4] = [
-    ControllerName {
-        canonical: "cloud-node-controller",
-        alias: "cloud-node",
-        client: "node-controller",
-    },
-    ControllerName {
-        canonical: "cloud-node-lifecycle-controller",
-        alias: "cloud-node-lifecycle",
-        client: "node-controller",
-    },
-    ControllerName {
-        canonical: "service-lb-controller",
-        alias: "service",
-        client: "service-controller",
-    },
-    ControllerName {
-        canonical: "node-route-controller",
-        alias: "route",
-        client: "route-controller",
-    },
-];
+pub use crate::controllers::ControllerName;
+use crate::controllers::{Controller, CONTROLLERS};
 
 /// Controllers of vendors' own cloud-controller-managers that ccm-host does not have, with
 /// whose they are: accepted in `--controllers` without effect.
@@ -82,6 +49,7 @@ impl ControllerSelection {
             };
             match CONTROLLERS
                 .iter()
+                .map(|c| c.name)
                 .find(|c| c.canonical == name || c.alias == name)
             {
                 Some(c) => resolved.push(format!("{dash}{}", c.canonical)),
@@ -116,10 +84,10 @@ impl ControllerSelection {
     }
 
     /// The enabled controllers, in start order.
-    pub fn enabled(&self) -> Vec<ControllerName> {
+    pub fn enabled(&self) -> Vec<&'static Controller> {
         CONTROLLERS
-            .into_iter()
-            .filter(|c| self.is_enabled(c.canonical))
+            .iter()
+            .filter(|c| self.is_enabled(c.name.canonical))
             .collect()
     }
 
@@ -161,7 +129,7 @@ mod tests {
     }
 
     fn names(s: &ControllerSelection) -> Vec<&'static str> {
-        s.enabled().iter().map(|c| c.alias).collect()
+        s.enabled().iter().map(|c| c.name.alias).collect()
     }
 
     #[test]
@@ -231,7 +199,7 @@ mod tests {
 
     #[test]
     fn names_follow_upstream_conventions() {
-        for c in CONTROLLERS {
+        for c in CONTROLLERS.iter().map(|c| c.name) {
             assert!(c.canonical.ends_with("-controller"));
             assert!(c
                 .canonical

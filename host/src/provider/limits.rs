@@ -30,66 +30,90 @@ pub const MAX_PORTS: usize = 1024;
 /// Most entries of any other list (routes, hosts, batch answers, clusters).
 pub const MAX_LIST: usize = 1_000_000;
 
+/// What in a plugin's answer is over which limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OverLimit {
+    /// A string longer than [`MAX_STRING`].
+    #[error("{what} of {len} bytes (at most {MAX_STRING})")]
+    String {
+        /// What the string is ("a provider ID").
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A list longer than its limit.
+    #[error("{len} {what} (at most {max})")]
+    List {
+        /// What the entries are ("node addresses").
+        what: &'static str,
+        /// How many there are.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
 /// A value a plugin returned, checked against the limits.
 pub trait Bounded {
     /// `Err` names what is over which limit.
-    fn check(&self) -> Result<(), String>;
+    fn check(&self) -> Result<(), OverLimit>;
 }
 
-fn string(what: &str, s: &str) -> Result<(), String> {
+fn string(what: &'static str, s: &str) -> Result<(), OverLimit> {
     if s.len() > MAX_STRING {
-        return Err(format!(
-            "{what} of {} bytes (at most {MAX_STRING})",
-            s.len()
-        ));
+        return Err(OverLimit::String { what, len: s.len() });
     }
     Ok(())
 }
 
-fn opt_string(what: &str, s: &Option<String>) -> Result<(), String> {
+fn opt_string(what: &'static str, s: &Option<String>) -> Result<(), OverLimit> {
     s.as_deref().map_or(Ok(()), |s| string(what, s))
 }
 
-fn list<T>(what: &str, v: &[T], max: usize) -> Result<(), String> {
+fn list<T>(what: &'static str, v: &[T], max: usize) -> Result<(), OverLimit> {
     if v.len() > max {
-        return Err(format!("{} {what} (at most {max})", v.len()));
+        return Err(OverLimit::List {
+            what,
+            len: v.len(),
+            max,
+        });
     }
     Ok(())
 }
 
 impl Bounded for () {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         Ok(())
     }
 }
 
 impl Bounded for bool {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         Ok(())
     }
 }
 
 impl Bounded for String {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         string("a string", self)
     }
 }
 
 impl<T: Bounded> Bounded for Option<T> {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         self.as_ref().map_or(Ok(()), Bounded::check)
     }
 }
 
 impl<T: Bounded> Bounded for Vec<T> {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         list("entries", self, MAX_LIST)?;
         self.iter().try_for_each(Bounded::check)
     }
 }
 
 impl<T: Bounded> Bounded for Result<T, ProviderError> {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         match self {
             Ok(v) => v.check(),
             Err(e) => string("an error message", e.message()),
@@ -98,19 +122,19 @@ impl<T: Bounded> Bounded for Result<T, ProviderError> {
 }
 
 impl Bounded for NodeAddress {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         string("an address type", &self.type_)?;
         string("an address", &self.address)
     }
 }
 
-fn addresses(what: &str, v: &[NodeAddress]) -> Result<(), String> {
+fn addresses(what: &'static str, v: &[NodeAddress]) -> Result<(), OverLimit> {
     list(what, v, MAX_ADDRESSES)?;
     v.iter().try_for_each(Bounded::check)
 }
 
 impl Bounded for InstanceMetadata {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         string("a provider ID", &self.provider_id)?;
         string("an instance type", &self.instance_type)?;
         string("a zone", &self.zone)?;
@@ -130,20 +154,20 @@ impl Bounded for InstanceMetadata {
 }
 
 impl Bounded for InstanceStatus {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         self.metadata.check()
     }
 }
 
 impl Bounded for Zone {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         string("a zone", &self.failure_domain)?;
         string("a region", &self.region)
     }
 }
 
 impl Bounded for Route {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         string("a route name", &self.name)?;
         string("a route's target node", &self.target_node)?;
         string("a route's destination", &self.destination_cidr)?;
@@ -152,7 +176,7 @@ impl Bounded for Route {
 }
 
 impl Bounded for LoadBalancerStatus {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), OverLimit> {
         let Some(ingress) = &self.ingress else {
             return Ok(());
         };

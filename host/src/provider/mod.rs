@@ -17,14 +17,14 @@
 //! Instance lookups can also go through [`bulk`] (ABI 1.1 `BULK_INSTANCES`: many nodes in one
 //! call) and the provider's cache of instance answers ([`instance_cache`]).
 
-pub mod bulk;
+pub(crate) mod bulk;
 mod call_metrics;
 mod host_services;
-pub mod instance_cache;
-pub mod lifecycle;
-pub mod limits;
+pub(crate) mod instance_cache;
+pub(crate) mod lifecycle;
+pub(crate) mod limits;
 pub mod pool;
-pub mod throttle;
+pub(crate) mod throttle;
 
 use std::any::Any;
 use std::borrow::Borrow;

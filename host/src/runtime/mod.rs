@@ -13,10 +13,10 @@ pub mod kube_clients;
 pub mod malloc;
 pub mod metrics;
 pub mod ownership;
-pub mod patches;
-pub mod rate_limit;
+pub(crate) mod patches;
+pub(crate) mod rate_limit;
 pub mod well_known;
-pub mod workqueue;
+pub(crate) mod workqueue;
 
 pub use events::{EventRecorder, EventType};
 pub use informer::{Change, SharedInformer, Store};

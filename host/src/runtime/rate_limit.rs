@@ -104,16 +104,6 @@ impl FairLimiter {
         }
     }
 
-    /// Tokens per second.
-    pub fn qps(&self) -> f64 {
-        self.shared.qps
-    }
-
-    /// Bucket size.
-    pub fn burst(&self) -> u32 {
-        self.shared.burst as u32
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.shared
             .state

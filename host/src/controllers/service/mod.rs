@@ -44,7 +44,7 @@
 //!   ([`crate::controllers::cache_trim`]). A key missing from the cache is read from the API
 //!   before it is treated as deleted, so the decisions are upstream's.
 
-pub mod node_sync;
+pub(crate) mod node_sync;
 pub mod predicates;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -61,7 +61,8 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 
 use super::node::kube_error_text;
-use super::{publish_throttled, ControllerContext, NotStarted};
+pub use super::sync_error::{Requeue, SyncError};
+use super::{publish_throttled, Controller, ControllerContext, ControllerName, NotStarted, Start};
 use crate::provider::Throttled;
 use crate::runtime::events::{service_ref, EventRecorder, EventType};
 use crate::runtime::informer::Change;
@@ -132,86 +133,22 @@ pub fn check(ctx: &ControllerContext) -> Result<(), NotStarted> {
     }
 }
 
+/// The service (load balancer) controller in the start-up table ([`super::CONTROLLERS`]).
+pub const CONTROLLER: Controller = Controller {
+    name: ControllerName {
+        canonical: NAME,
+        alias: ALIAS,
+        client: "service-controller",
+    },
+    start: |ctx| Start::when(check(ctx), || run(ctx.clone())),
+};
+
 /// Run until `ctx.stop` is cancelled (skipped with a warning if [`check`] fails).
 pub async fn run(ctx: ControllerContext) {
     match ServiceController::new(ctx) {
         Ok(c) => c.run().await,
         Err(e) => tracing::warn!(controller = NAME, "not started: {e}"),
     }
-}
-
-/// An error of one service sync. `Display` is the upstream error text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncError {
-    message: String,
-    retry_after: Option<Duration>,
-    throttled: Option<Throttled>,
-}
-
-impl SyncError {
-    fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            retry_after: None,
-            throttled: None,
-        }
-    }
-
-    /// A provider error returned as is (upstream returns it unwrapped, so a `RetryError` stays
-    /// detectable).
-    fn provider(e: &ProviderError) -> Self {
-        Self::wrapping(e.to_string(), e)
-    }
-
-    /// `message` about provider error `e`, keeping a `RetryError`'s delay and the throttling
-    /// detectable (upstream wraps with `%w`).
-    fn wrapping(message: String, e: &ProviderError) -> Self {
-        Self {
-            message,
-            retry_after: e.retry_after_delay(),
-            throttled: Throttled::of(e),
-        }
-    }
-
-    /// `message` about provider error `e` (a `RetryError` not kept, as upstream formats these
-    /// with `%v`), keeping the throttling detectable.
-    fn mentioning(message: String, e: &ProviderError) -> Self {
-        Self {
-            throttled: Throttled::of(e),
-            ..Self::new(message)
-        }
-    }
-
-    /// The delay a provider `RetryAfter` error asked for, if this error wraps one.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
-    }
-
-    /// The throttled provider call, if this error wraps one.
-    pub fn throttled(&self) -> Option<&Throttled> {
-        self.throttled.as_ref()
-    }
-}
-
-impl std::fmt::Display for SyncError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for SyncError {}
-
-/// How a processed service key went back on the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeue {
-    /// Success: backoff reset, not re-queued.
-    Forgotten,
-    /// Error: re-added with the key's exponential backoff (failure counted).
-    RateLimited,
-    /// Provider `RetryAfter`: re-added after exactly this delay (no failure counted).
-    After(Duration),
-    /// A provider call was throttled: re-added after the provider's pause (no failure counted).
-    Throttled(Duration),
 }
 
 /// Which branch a sync took.
@@ -528,39 +465,25 @@ impl ServiceController {
             .catch_unwind()
             .await
             .unwrap_or_else(|_| Err(SyncError::new(format!("panic while syncing service {key}"))));
-        let requeue = match result {
-            Ok(()) => {
-                self.service_queue.forget(&key);
-                Requeue::Forgotten
+        let requeue = Requeue::of(&result);
+        if let Err(e) = &result {
+            match requeue {
+                // Not the service's failure: after the provider's pause, back-off unchanged.
+                Requeue::Throttled(pause) => tracing::info!(
+                    controller = NAME,
+                    "error processing service {key} (throttled; retrying after {pause:?}): {e}"
+                ),
+                Requeue::After(after) => tracing::warn!(
+                    controller = NAME,
+                    "error processing service {key} (retrying in {after:?}): {e}"
+                ),
+                Requeue::RateLimited | Requeue::Forgotten => tracing::error!(
+                    controller = NAME,
+                    "error processing service {key} (retrying with exponential backoff): {e}"
+                ),
             }
-            Err(e) => {
-                match (e.throttled(), e.retry_after()) {
-                    // Not the service's failure: after the provider's pause, back-off unchanged.
-                    (Some(throttled), _) => {
-                        let pause = throttled.pause;
-                        tracing::info!(
-                            controller = NAME,
-                            "error processing service {key} (throttled; retrying after {pause:?}): {e}"
-                        );
-                        self.service_queue.add_after(key.clone(), pause);
-                        Requeue::Throttled(pause)
-                    }
-                    (None, Some(after)) => {
-                        tracing::warn!(
-                            controller = NAME,
-                            "error processing service {key} (retrying in {after:?}): {e}"
-                        );
-                        self.service_queue.add_after(key.clone(), after);
-                        Requeue::After(after)
-                    }
-                    (None, None) => {
-                        tracing::error!(controller = NAME, "error processing service {key} (retrying with exponential backoff): {e}");
-                        self.service_queue.add_rate_limited(key.clone());
-                        Requeue::RateLimited
-                    }
-                }
-            }
-        };
+        }
+        requeue.apply(&self.service_queue, &key, Duration::ZERO);
         self.service_queue.done(&key);
         Some((key, requeue))
     }

@@ -871,18 +871,7 @@ pub async fn describe(api: &AwsClient, ids: &[String]) -> Vec<Instance> {
 
 /// The plugin's `.so` as cargo built it for this test run.
 pub fn built_plugin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("test binary directory");
-    for dir in [deps, deps.parent().unwrap_or(deps)] {
-        let candidate = dir.join("libccm_provider_aws.so");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "libccm_provider_aws.so was not built next to {}",
-        deps.display()
-    );
+    ccm_test_support::built_plugin("ccm_provider_aws")
 }
 
 /// The cloud config pointing EC2 and ELBv2 at `url`, credentials from `credentials_file`.
@@ -1096,42 +1085,6 @@ pub fn merge(a: &mut Value, b: Value) {
     }
 }
 
-/// Poll `check` until it returns `Some`, for at most `timeout`.
-pub async fn eventually<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        if started.elapsed() > timeout {
-            panic!("timed out after {timeout:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Async [`eventually`].
-pub async fn eventually_async<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if started.elapsed() > timeout {
-            panic!("timed out after {timeout:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 pub fn labels(n: &Value) -> BTreeMap<String, String> {
     serde_json::from_value(n["metadata"]["labels"].clone()).unwrap_or_default()
 }
@@ -1163,3 +1116,6 @@ pub fn addresses(n: &Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+#[allow(unused_imports)] // not every test file of this crate waits
+pub use ccm_test_support::{eventually, eventually_async};

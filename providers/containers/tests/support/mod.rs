@@ -365,18 +365,7 @@ pub fn tally(port: i32, n: usize) -> (BTreeMap<String, usize>, Vec<String>) {
 
 /// The plugin's `.so` as cargo built it for this test run.
 pub fn built_plugin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("test binary directory");
-    for dir in [deps, deps.parent().unwrap_or(deps)] {
-        let candidate = dir.join("libccm_provider_containers.so");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "libccm_provider_containers.so was not built next to {}",
-        deps.display()
-    );
+    ccm_test_support::built_plugin("ccm_provider_containers")
 }
 
 /// The host side: API server, the plugin through the loader, metrics.
@@ -503,24 +492,6 @@ pub fn lb_service(
     .unwrap()
 }
 
-/// Poll `check` until it returns `Some`, for at most `timeout`.
-pub async fn eventually<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        if started.elapsed() > timeout {
-            panic!("timed out after {timeout:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 pub fn ingress_ips(svc: &Value) -> Vec<String> {
     svc["status"]["loadBalancer"]["ingress"]
         .as_array()
@@ -531,3 +502,5 @@ pub fn ingress_ips(svc: &Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+pub use ccm_test_support::eventually;
