@@ -201,6 +201,6 @@ fn a_plugin_of_another_layout_is_refused_naming_the_type_and_both_sides() {
         refused[0]["reason"],
         "its plugin interface does not match this host: type CallContext (an argument of \
          AbiCloudProvider::initialize): 3 fields in the plugin, 2 in this host; rebuild it \
-         against ccm-provider-abi 1.x, x <= 1"
+         against ccm-provider-abi 1.x, x <= 2"
     );
 }

@@ -30,18 +30,19 @@
 //!
 //! ## Versioning
 //! The major version of this crate is the plugin ABI version. Within a major version every host
-//! loads every plugin, older or newer (docs/abi-1.1.md):
+//! loads every plugin, older or newer (docs/abi-1.1.md, docs/abi-1.2.md):
 //! - the 1.0 interface ([`abi`], reached from the root module) is frozen: its traits and structs
 //!   never change, and the root module declares the fixed interface version 1.0.0;
-//! - each minor version adds one extension module of its own ([`ext`] for 1.1) that the plugin
+//! - each minor version adds one extension module of its own ([`ext`] for 1.1, [`ext_v1_2`] for
+//!   1.2) that the plugin
 //!   exports under its own symbol and the host checks separately: a host uses the extensions it
 //!   knows and the plugin offers, and falls back to 1.0 behaviour for the rest;
 //! - new error kinds are new [`ErrorKind`] codes; a host that does not know one treats it as
 //!   [`ErrorKind::OTHER`].
 //!
 //! [`export_plugin!`] exports both the root module and every extension module of this version,
-//! so a plugin built against 1.1 loads in a 1.0 host (as a 1.0 plugin) and in a 1.1 host (with
-//! its 1.1 additions).
+//! so a plugin built against 1.2 loads in a 1.0 host (as a 1.0 plugin), in a 1.1 host (with its
+//! 1.1 additions) and in a 1.2 host (with all of them).
 
 // Every public item of the SDK is documented (also set in Cargo.toml, stated here so that a
 // copy of the sources keeps it).
@@ -56,6 +57,8 @@ pub mod context;
 pub mod error;
 #[allow(unsafe_code, non_local_definitions, non_camel_case_types)]
 pub mod ext;
+#[allow(unsafe_code, non_local_definitions, non_camel_case_types)]
+pub mod ext_v1_2;
 pub mod sdk;
 pub mod types;
 
@@ -77,8 +80,8 @@ pub mod prelude {
     pub use crate::error::{ErrorKind, ProviderError};
     pub use crate::ext::InstanceQuery;
     pub use crate::sdk::{
-        BulkInstances, CloudProvider, Clusters, Host, Instances, InstancesV2, LoadBalancer,
-        Registrar, Routes, Zones,
+        BulkInstances, CloudProvider, Clusters, Host, HostChange, Instances, InstancesV2,
+        LoadBalancer, Registrar, Routes, Zones,
     };
     pub use crate::types::{address_type, InstanceMetadata, InstanceStatus, Route, Zone};
     pub use k8s_openapi::api::core::v1::{
@@ -138,6 +141,30 @@ macro_rules! export_plugin {
                         $crate::ext::PanicStrategy::UNWIND
                     },
                     register: __ccm_plugin_register_v1_1,
+                }
+                .leak_into_prefix(),
+            }
+        }
+
+        #[doc(hidden)]
+        extern "C" fn __ccm_plugin_register_v1_2(
+            registrar: $crate::ext_v1_2::ExtRegistrarV1_2Box,
+        ) -> $crate::abi::AbiResult<()> {
+            $crate::sdk::__run_registration_v1_2(registrar, $register)
+        }
+
+        /// ABI 1.2: the extension module (see `ccm_provider_abi::ext_v1_2::EXT_V1_2_SYMBOL`).
+        #[doc(hidden)]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn ccm_provider_plugin_ext_v1_2() -> $crate::ext_v1_2::ExtV1_2Export {
+            use $crate::abi_stable::prefix_type::PrefixTypeTrait;
+            $crate::ext_v1_2::ExtV1_2Export {
+                layout: $crate::ext_v1_2::expected_layout(),
+                module: $crate::ext_v1_2::PluginExtV1_2 {
+                    abi_version: $crate::abi_stable::std_types::RStr::from_str(
+                        $crate::ABI_VERSION,
+                    ),
+                    register: __ccm_plugin_register_v1_2,
                 }
                 .leak_into_prefix(),
             }

@@ -5,9 +5,10 @@
 //! `catch_unwind` (a panic becomes [`ErrorKind::PANICKED`](crate::ErrorKind::PANICKED), never an
 //! abort of the host), and converts the result to its ABI form.
 
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use abi_stable::{
     sabi_trait::TD_Opaque,
@@ -22,6 +23,11 @@ use crate::error::ProviderError;
 use crate::ext::{
     AbiInstanceStatus, AbiProviderExt, AbiProviderFactoryV1_1, AbiProviderV1_1, ExtCapabilities,
     ExtRegistrarBox, InstanceQuery, ProviderExtBox, ProviderFactoryV1_1Box,
+};
+use crate::ext_v1_2::{
+    AbiHostUpdate, AbiProviderExtV1_2, AbiProviderFactoryV1_2, AbiProviderV1_2,
+    ExtCapabilitiesV1_2, ExtRegistrarV1_2Box, HostUpdateOutcome, ProviderExtV1_2Box,
+    ProviderFactoryV1_2Box, NO_BASE,
 };
 use crate::types::{AbiRoute, InstanceMetadata, InstanceStatus, Route, Zone};
 
@@ -164,6 +170,44 @@ pub trait LoadBalancer: Send + Sync + 'static {
     fn shares_addresses(&self) -> bool {
         false
     }
+
+    // ---- ABI 1.2 additions (a 1.0 or 1.1 host never calls them) ----
+
+    /// Whether [`LoadBalancer::update_load_balancer_hosts`] is implemented. `false` (the
+    /// default): the host keeps sending the whole host list through `update_load_balancer`.
+    fn incremental_hosts(&self) -> bool {
+        false
+    }
+    /// Incremental `UpdateLoadBalancer`: remove `change.removed` from the load balancer's
+    /// hosts, then add `change.added` (when `change.replace`, `added` is the whole set and the
+    /// hosts become exactly that). Only called when [`LoadBalancer::incremental_hosts`] is true.
+    ///
+    /// The SDK keeps the bookkeeping of ABI 1.2 (docs/abi-1.2.md): it calls this only when the
+    /// change is against the set this provider instance last applied for the load balancer,
+    /// and otherwise asks the host for the whole set. After an `Err` the host sends the whole
+    /// set next time. Make both halves idempotent: removing a host that is not there, or adding
+    /// one that is, is not an error.
+    fn update_load_balancer_hosts(
+        &self,
+        _ctx: &CallContext,
+        _cluster_name: &str,
+        _service: &Service,
+        _change: &HostChange,
+    ) -> Result<()> {
+        Err(ProviderError::not_implemented())
+    }
+}
+
+/// ABI 1.2: a change of a load balancer's hosts (see [`LoadBalancer::update_load_balancer_hosts`]).
+#[derive(Debug, Clone, Default)]
+pub struct HostChange {
+    /// `added` is the whole host set (after a restart, a reload or a full call): make the
+    /// load balancer's hosts exactly `added`; `removed` is empty.
+    pub replace: bool,
+    /// Hosts that join, or whose providerID changed (their new form).
+    pub added: Vec<Node>,
+    /// Hosts that leave, as the host last sent them (or the old form of a changed one).
+    pub removed: Vec<Node>,
 }
 
 /// Upstream legacy `Instances`.
@@ -281,9 +325,9 @@ impl Host {
 
 /// Handed to the plugin's registration function (upstream `RegisterCloudProvider`).
 ///
-/// The same registration function serves both host generations: a 1.0 host calls it through
-/// the root module (1.0 factories), a 1.1 host through the extension module (1.1 factories,
-/// whose providers also carry the 1.1 additions).
+/// The same registration function serves every host generation: a 1.0 host calls it through
+/// the root module (1.0 factories), a 1.1 host through the 1.1 extension module (1.1 factories,
+/// whose providers also carry the 1.1 additions), a 1.2 host through the 1.2 module.
 pub struct Registrar {
     inner: RegistrarInner,
 }
@@ -291,6 +335,7 @@ pub struct Registrar {
 enum RegistrarInner {
     V1_0(RegistrarBox),
     V1_1(ExtRegistrarBox),
+    V1_2(ExtRegistrarV1_2Box),
 }
 
 impl Registrar {
@@ -299,6 +344,7 @@ impl Registrar {
         let path = match &self.inner {
             RegistrarInner::V1_0(r) => r.plugin_path(),
             RegistrarInner::V1_1(r) => r.plugin_path(),
+            RegistrarInner::V1_2(r) => r.plugin_path(),
         };
         PathBuf::from(path.into_string())
     }
@@ -318,6 +364,11 @@ impl Registrar {
             RegistrarInner::V1_1(r) => {
                 let factory =
                     ProviderFactoryV1_1Box::from_value(FactoryAdapter(factory), TD_Opaque);
+                r.register_provider(name.into(), factory).into_result()
+            }
+            RegistrarInner::V1_2(r) => {
+                let factory =
+                    ProviderFactoryV1_2Box::from_value(FactoryAdapter(factory), TD_Opaque);
                 r.register_provider(name.into(), factory).into_result()
             }
         }
@@ -438,6 +489,18 @@ pub fn __run_registration(
 }
 
 #[doc(hidden)]
+pub fn __run_registration_v1_2(
+    registrar: ExtRegistrarV1_2Box,
+    register: fn(&mut Registrar) -> Result<()>,
+) -> AbiResult<()> {
+    install_logging(registrar.logger(), registrar.max_log_level());
+    let mut registrar = Registrar {
+        inner: RegistrarInner::V1_2(registrar),
+    };
+    guard("plugin registration", move || register(&mut registrar))
+}
+
+#[doc(hidden)]
 pub fn __run_registration_v1_1(
     registrar: ExtRegistrarBox,
     register: fn(&mut Registrar) -> Result<()>,
@@ -483,7 +546,7 @@ where
         guard("provider factory", || {
             let provider = (self.0)(config.into_option().map(|c| c.as_slice()))?;
             Ok(CloudProviderBox::from_value(
-                ProviderAdapter(Arc::new(provider)),
+                ProviderAdapter::new(Arc::new(provider)),
                 TD_Opaque,
             ))
         })
@@ -499,14 +562,150 @@ where
         guard("provider factory", || {
             let provider = Arc::new((self.0)(config.into_option().map(|c| c.as_slice()))?);
             Ok(AbiProviderV1_1 {
-                base: CloudProviderBox::from_value(ProviderAdapter(provider.clone()), TD_Opaque),
+                base: CloudProviderBox::from_value(
+                    ProviderAdapter::new(provider.clone()),
+                    TD_Opaque,
+                ),
                 ext: ProviderExtBox::from_value(ExtAdapter(provider), TD_Opaque),
             })
         })
     }
 }
 
-struct ProviderAdapter<P>(Arc<P>);
+impl<P, F> AbiProviderFactoryV1_2 for FactoryAdapter<F>
+where
+    P: CloudProvider,
+    F: Fn(Option<&[u8]>) -> Result<P> + Send + Sync + 'static,
+{
+    fn create(&self, config: ROption<RSlice<'_, u8>>) -> AbiResult<AbiProviderV1_2> {
+        guard("provider factory", || {
+            let provider = Arc::new((self.0)(config.into_option().map(|c| c.as_slice()))?);
+            let base = ProviderAdapter::new(provider.clone());
+            let ext_v1_2 = ExtV1_2Adapter {
+                provider: provider.clone(),
+                tokens: base.tokens.clone(),
+            };
+            Ok(AbiProviderV1_2 {
+                base: CloudProviderBox::from_value(base, TD_Opaque),
+                ext: ProviderExtBox::from_value(ExtAdapter(provider), TD_Opaque),
+                ext_v1_2: ProviderExtV1_2Box::from_value(ext_v1_2, TD_Opaque),
+            })
+        })
+    }
+}
+
+struct ProviderAdapter<P> {
+    provider: Arc<P>,
+    /// ABI 1.2 bookkeeping, shared with the instance's [`ExtV1_2Adapter`]: a full call
+    /// (`EnsureLoadBalancer`, `UpdateLoadBalancer`, deletion) forgets the load balancer's token.
+    tokens: Arc<HostTokens>,
+}
+
+impl<P> ProviderAdapter<P> {
+    fn new(provider: Arc<P>) -> Self {
+        Self {
+            provider,
+            tokens: Arc::default(),
+        }
+    }
+}
+
+/// ABI 1.2: the token of the host set each load balancer got last through an incremental
+/// update, by [`lb_key`]. A token is taken out of the map while its update runs, so a second
+/// update against the same base (which the host never sends) is answered `BASE_MISMATCH`.
+#[derive(Default)]
+struct HostTokens(Mutex<HashMap<String, u64>>);
+
+impl HostTokens {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+}
+
+/// A load balancer's identity for [`HostTokens`]: cluster, namespace, name and UID (a Service
+/// deleted and created again under the same name starts without a token).
+fn lb_key(cluster_name: &str, svc: &Service) -> String {
+    let m = &svc.metadata;
+    format!(
+        "{cluster_name}/{}/{}/{}",
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default(),
+        m.uid.as_deref().unwrap_or_default()
+    )
+}
+
+/// The 1.2 additions of a provider, over the same value as its [`ProviderAdapter`].
+struct ExtV1_2Adapter<P> {
+    provider: Arc<P>,
+    tokens: Arc<HostTokens>,
+}
+
+impl<P: CloudProvider> AbiProviderExtV1_2 for ExtV1_2Adapter<P> {
+    fn capabilities(&self) -> ExtCapabilitiesV1_2 {
+        guard_infallible("CapabilitiesV1_2", ExtCapabilitiesV1_2::empty(), || {
+            let mut caps = ExtCapabilitiesV1_2::empty();
+            if self
+                .provider
+                .load_balancer()
+                .is_some_and(|lb| lb.incremental_hosts())
+            {
+                caps = caps.with(ExtCapabilitiesV1_2::INCREMENTAL_HOSTS);
+            }
+            caps
+        })
+    }
+
+    fn update_load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        cluster_name: RStr<'_>,
+        service: RStr<'_>,
+        update: AbiHostUpdate<'_>,
+    ) -> AbiResult<HostUpdateOutcome> {
+        let AbiHostUpdate {
+            base,
+            token,
+            added,
+            removed,
+        } = update;
+        guard("UpdateLoadBalancerHosts", || {
+            let Some(lb) = self
+                .provider
+                .load_balancer()
+                .filter(|lb| lb.incremental_hosts())
+            else {
+                return Err(ProviderError::not_implemented());
+            };
+            if token == NO_BASE {
+                return Err(ProviderError::other(
+                    "host sent an incremental host update without a token",
+                ));
+            }
+            let svc: Service = parse("Service", service)?;
+            let key = lb_key(cluster_name.as_str(), &svc);
+            let held = self.tokens.lock().remove(&key);
+            if base != NO_BASE && held != Some(base) {
+                return Ok(HostUpdateOutcome::BASE_MISMATCH);
+            }
+            let change = HostChange {
+                replace: base == NO_BASE,
+                added: parse_nodes(added)?,
+                removed: if base == NO_BASE {
+                    Vec::new()
+                } else {
+                    parse_nodes(removed)?
+                },
+            };
+            lb.update_load_balancer_hosts(ctx, cluster_name.as_str(), &svc, &change)?;
+            self.tokens.lock().insert(key, token);
+            Ok(HostUpdateOutcome::APPLIED)
+        })
+    }
+}
 
 /// The 1.1 additions of a provider, over the same value as its [`ProviderAdapter`].
 struct ExtAdapter<P>(Arc<P>);
@@ -591,55 +790,69 @@ impl<P: CloudProvider> AbiProviderExt for ExtAdapter<P> {
 
 impl<P: CloudProvider> AbiCloudProvider for ProviderAdapter<P> {
     fn provider_name(&self) -> RString {
-        guard_infallible("ProviderName", String::new(), || self.0.provider_name()).into()
+        guard_infallible("ProviderName", String::new(), || {
+            self.provider.provider_name()
+        })
+        .into()
     }
 
     fn has_cluster_id(&self) -> bool {
-        guard_infallible("HasClusterID", false, || self.0.has_cluster_id())
+        guard_infallible("HasClusterID", false, || self.provider.has_cluster_id())
     }
 
     fn initialize(&self, ctx: &CallContext, host: HostBox) -> AbiResult<()> {
-        guard("Initialize", || self.0.initialize(ctx, Host(host)))
+        guard("Initialize", || self.provider.initialize(ctx, Host(host)))
     }
 
     fn load_balancer(&self) -> ROption<LoadBalancerBox> {
-        guard_infallible("LoadBalancer", None, || self.0.load_balancer())
-            .map(|c| LoadBalancerBox::from_value(LbAdapter(c), TD_Opaque))
+        guard_infallible("LoadBalancer", None, || self.provider.load_balancer())
+            .map(|c| {
+                LoadBalancerBox::from_value(
+                    LbAdapter {
+                        lb: c,
+                        tokens: self.tokens.clone(),
+                    },
+                    TD_Opaque,
+                )
+            })
             .into()
     }
 
     fn instances(&self) -> ROption<InstancesBox> {
-        guard_infallible("Instances", None, || self.0.instances())
+        guard_infallible("Instances", None, || self.provider.instances())
             .map(|c| InstancesBox::from_value(InstancesAdapter(c), TD_Opaque))
             .into()
     }
 
     fn instances_v2(&self) -> ROption<InstancesV2Box> {
-        guard_infallible("InstancesV2", None, || self.0.instances_v2())
+        guard_infallible("InstancesV2", None, || self.provider.instances_v2())
             .map(|c| InstancesV2Box::from_value(InstancesV2Adapter(c), TD_Opaque))
             .into()
     }
 
     fn zones(&self) -> ROption<ZonesBox> {
-        guard_infallible("Zones", None, || self.0.zones())
+        guard_infallible("Zones", None, || self.provider.zones())
             .map(|c| ZonesBox::from_value(ZonesAdapter(c), TD_Opaque))
             .into()
     }
 
     fn clusters(&self) -> ROption<ClustersBox> {
-        guard_infallible("Clusters", None, || self.0.clusters())
+        guard_infallible("Clusters", None, || self.provider.clusters())
             .map(|c| ClustersBox::from_value(ClustersAdapter(c), TD_Opaque))
             .into()
     }
 
     fn routes(&self) -> ROption<RoutesBox> {
-        guard_infallible("Routes", None, || self.0.routes())
+        guard_infallible("Routes", None, || self.provider.routes())
             .map(|c| RoutesBox::from_value(RoutesAdapter(c), TD_Opaque))
             .into()
     }
 }
 
-struct LbAdapter(Arc<dyn LoadBalancer>);
+struct LbAdapter {
+    lb: Arc<dyn LoadBalancer>,
+    tokens: Arc<HostTokens>,
+}
 
 impl AbiLoadBalancer for LbAdapter {
     fn get_load_balancer(
@@ -650,7 +863,9 @@ impl AbiLoadBalancer for LbAdapter {
     ) -> AbiResult<ROption<crate::types::AbiLoadBalancerStatus>> {
         guard("GetLoadBalancer", || {
             let svc: Service = parse("Service", service)?;
-            let status = self.0.get_load_balancer(ctx, cluster_name.as_str(), &svc)?;
+            let status = self
+                .lb
+                .get_load_balancer(ctx, cluster_name.as_str(), &svc)?;
             Ok(status.map(Into::into).into())
         })
     }
@@ -664,7 +879,7 @@ impl AbiLoadBalancer for LbAdapter {
         guard("GetLoadBalancerName", || {
             let svc: Service = parse("Service", service)?;
             Ok(self
-                .0
+                .lb
                 .get_load_balancer_name(ctx, cluster_name.as_str(), &svc)?
                 .into())
         })
@@ -679,9 +894,10 @@ impl AbiLoadBalancer for LbAdapter {
     ) -> AbiResult<ROption<crate::types::AbiLoadBalancerStatus>> {
         guard("EnsureLoadBalancer", || {
             let svc: Service = parse("Service", service)?;
+            self.tokens.forget(&lb_key(cluster_name.as_str(), &svc));
             let nodes = parse_nodes(nodes)?;
             let status = self
-                .0
+                .lb
                 .ensure_load_balancer(ctx, cluster_name.as_str(), &svc, &nodes)?;
             Ok(status.map(Into::into).into())
         })
@@ -696,8 +912,9 @@ impl AbiLoadBalancer for LbAdapter {
     ) -> AbiResult<()> {
         guard("UpdateLoadBalancer", || {
             let svc: Service = parse("Service", service)?;
+            self.tokens.forget(&lb_key(cluster_name.as_str(), &svc));
             let nodes = parse_nodes(nodes)?;
-            self.0
+            self.lb
                 .update_load_balancer(ctx, cluster_name.as_str(), &svc, &nodes)
         })
     }
@@ -710,7 +927,8 @@ impl AbiLoadBalancer for LbAdapter {
     ) -> AbiResult<()> {
         guard("EnsureLoadBalancerDeleted", || {
             let svc: Service = parse("Service", service)?;
-            self.0
+            self.tokens.forget(&lb_key(cluster_name.as_str(), &svc));
+            self.lb
                 .ensure_load_balancer_deleted(ctx, cluster_name.as_str(), &svc)
         })
     }

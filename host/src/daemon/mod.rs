@@ -193,7 +193,8 @@ async fn run_embedded(
         // the pool's cap) has its calls refused; /healthz says so, so a liveness probe restarts
         // a host that only a restart can free (provider::pool).
         let provider = a.provider.clone();
-        let calls: http::Check = Arc::new(move || provider.call_health());
+        let calls: http::Check =
+            Arc::new(move || provider.call_health().map_err(|e| e.to_string()));
         health.add_check(&check_name("cloud-provider-calls", a), calls.clone());
         health.add_live_check(&check_name("cloud-provider-calls", a), calls);
         // A method whose calls hang (up to the pool's per-method cap) has its calls refused
@@ -202,7 +203,10 @@ async fn run_embedded(
         // providers), which passes again once they return.
         let (ready, prefix) = (health.clone(), check_name("cloud-provider-calls", a));
         a.provider.on_method_refused(move |method, check| {
-            ready.add_ready_check(&format!("{prefix}-{method}"), check);
+            ready.add_ready_check(
+                &format!("{prefix}-{method}"),
+                Arc::new(move || check().map_err(|e| e.to_string())),
+            );
         });
     }
     if args.secure_port != 0 {
@@ -253,7 +257,7 @@ async fn run_embedded(
 
 /// The ownership of the nodes among `active` (crate::runtime::ownership): each provider's platforms are
 /// its `--cloud-provider-platforms`, else the ones it declares.
-fn ownership_of(active: &[Active], enforced: bool) -> Result<Ownership, String> {
+fn ownership_of(active: &[Active], enforced: bool) -> anyhow::Result<Ownership> {
     let platforms: Vec<(String, Vec<String>)> = active
         .iter()
         .map(|a| {
@@ -265,7 +269,7 @@ fn ownership_of(active: &[Active], enforced: bool) -> Result<Ownership, String> 
             (a.spec.name.clone(), list)
         })
         .collect();
-    let ownership = Ownership::new(&platforms, enforced)?;
+    let ownership = Ownership::new(&platforms, enforced).map_err(anyhow::Error::msg)?;
     if enforced {
         for (i, a) in active.iter().enumerate() {
             tracing::info!(
@@ -667,19 +671,17 @@ fn read_cloud_config(path: Option<&Path>) -> Result<Option<cloud_config::ConfigF
 type Built = (Vec<Active>, Vec<Option<cloud_config::ConfigFile>>);
 
 /// The providers an embedder built, matched to `--cloud-provider` by name and order.
-fn adopt_providers(settings: &RunSettings, given: Vec<Provider>) -> Result<Built, String> {
+fn adopt_providers(settings: &RunSettings, given: Vec<Provider>) -> anyhow::Result<Built> {
     let specs = &settings.providers.providers;
     let names: Vec<&str> = given.iter().map(|p| p.registered_name()).collect();
     let wanted: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
     if names != wanted {
-        return Err(format!(
-            "the embedder built the providers {names:?} for --cloud-provider {wanted:?}"
-        ));
+        anyhow::bail!("the embedder built the providers {names:?} for --cloud-provider {wanted:?}");
     }
     let mut active = Vec::new();
     let mut files = Vec::new();
     for (provider, spec) in given.into_iter().zip(specs) {
-        files.push(read_cloud_config(spec.cloud_config.as_deref())?);
+        files.push(read_cloud_config(spec.cloud_config.as_deref()).map_err(anyhow::Error::msg)?);
         active.push(Active {
             provider,
             spec: spec.clone(),
@@ -692,24 +694,24 @@ fn build_providers(
     args: &RunArgs,
     settings: &RunSettings,
     max_log_level: u8,
-) -> Result<Built, String> {
+) -> anyhow::Result<Built> {
     let registry = PluginRegistry::load_dirs(
         &args.plugins.plugin_dirs,
         &args.plugins.loader_options(max_log_level),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     let options = provider_options(settings);
     let mut active = Vec::new();
     let mut files = Vec::new();
     for spec in &settings.providers.providers {
-        let config = read_cloud_config(spec.cloud_config.as_deref())?;
+        let config = read_cloud_config(spec.cloud_config.as_deref()).map_err(anyhow::Error::msg)?;
         let provider = registry
             .create(
                 &spec.name,
                 config.as_ref().map(cloud_config::ConfigFile::bytes),
                 &options,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(
             provider = provider.registered_name(),
             plugin = %provider.plugin_path().display(),
@@ -728,25 +730,29 @@ fn build_providers(
 /// The daemon's API clients (see [`KubeClients`]): from `--kubeconfig` (else in-cluster, then
 /// `~/.kube/config`), `--master` overriding the server, each limited by
 /// `--kube-api-qps`/`--kube-api-burst`.
-async fn build_clients(args: &RunArgs, settings: &RunSettings) -> Result<KubeClients, String> {
+async fn build_clients(args: &RunArgs, settings: &RunSettings) -> anyhow::Result<KubeClients> {
     let mut config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
+                .map_err(|e| anyhow::anyhow!("cannot read --kubeconfig {}: {e}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| format!("invalid --kubeconfig {}: {e}", path.display()))?
+                .map_err(|e| anyhow::anyhow!("invalid --kubeconfig {}: {e}", path.display()))?
         }
         None => kube::Config::infer()
             .await
-            .map_err(|e| format!("no Kubernetes API configuration (in-cluster or ~/.kube/config): {e}; pass --kubeconfig"))?,
+            .map_err(|e| anyhow::anyhow!("no Kubernetes API configuration (in-cluster or ~/.kube/config): {e}; pass --kubeconfig"))?,
     };
     if let Some(master) = &args.master {
         config.cluster_url = master
             .parse()
-            .map_err(|e| format!("invalid --master {master:?}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("invalid --master {master:?}: {e}"))?;
     }
-    KubeClients::new(config, settings.kube_api_qps, settings.kube_api_burst)
+    Ok(KubeClients::new(
+        config,
+        settings.kube_api_qps,
+        settings.kube_api_burst,
+    )?)
 }
 
 /// `<hostname>_<random>` like upstream's leader-election identity.

@@ -615,7 +615,7 @@ fn host_abi() -> (u32, u32) {
     parse_version(ccm_provider_abi::ABI_VERSION).expect("own version parses")
 }
 
-/// The versions this host loads, as advice: `rebuild it against ccm-provider-abi 1.x, x <= 1`.
+/// The versions this host loads, as advice: `rebuild it against ccm-provider-abi 1.x, x <= 2`.
 pub fn rebuild_advice() -> String {
     let (major, minor) = host_abi();
     format!("rebuild it against ccm-provider-abi {major}.x, x <= {minor}")

@@ -485,7 +485,7 @@ impl Provider {
             Ok(task) => task,
             Err(refused) => {
                 guard.0 = None;
-                return Err(self.count_error(op, ProviderError::other(refused)));
+                return Err(self.count_error(op, ProviderError::other(refused.to_string())));
             }
         };
         // The plugin's context ends at the deadline; the host gives it a moment more, so a
@@ -504,7 +504,7 @@ impl Provider {
             // Refused while queued: the method reached its cap of hung calls meanwhile.
             Ok(Err(pool::PoolError::Refused(why))) => {
                 guard.0 = None;
-                Err(ProviderError::other(why))
+                Err(ProviderError::other(why.to_string()))
             }
             // The SDK catches plugin panics; this is a panic in the host's own closure.
             Ok(Err(pool::PoolError::Lost)) => Err(ProviderError::panicked(format!(
@@ -569,13 +569,13 @@ impl Provider {
 
     /// Whether the provider's calls run (`Err`: too many calls hung in the plugin, so new ones
     /// are refused; see [`pool`]).
-    pub fn call_health(&self) -> Result<(), String> {
+    pub fn call_health(&self) -> Result<(), pool::Stuck> {
         self.inner.pool.health()
     }
 
     /// Whether `method`'s calls run (`Err`: too many of them hung in the plugin, so new ones
     /// are refused while the other methods still run; see [`pool`]).
-    pub fn method_call_health(&self, method: &str) -> Result<(), String> {
+    pub fn method_call_health(&self, method: &str) -> Result<(), pool::Stuck> {
         self.inner.pool.method_health(method)
     }
 
@@ -589,7 +589,7 @@ impl Provider {
     /// daemon adds it to `/readyz`.
     pub fn on_method_refused(
         &self,
-        hook: impl Fn(&'static str, Arc<dyn Fn() -> Result<(), String> + Send + Sync>)
+        hook: impl Fn(&'static str, Arc<dyn Fn() -> Result<(), pool::Stuck> + Send + Sync>)
             + Send
             + Sync
             + 'static,

@@ -92,7 +92,7 @@ struct Slot {
     /// by the call).
     senders: Box<dyn Any + Send>,
     /// Answers every waiter of `senders` with a refusal (monomorphised for the call's type).
-    refuse: fn(Box<dyn Any + Send>, &str),
+    refuse: fn(Box<dyn Any + Send>, &Stuck),
     /// Callers still waiting ([`PoolCall`]s not dropped).
     waiting: usize,
 }
@@ -168,11 +168,46 @@ pub struct WeakCallPool(Weak<Shared>);
 
 impl WeakCallPool {
     /// [`CallPool::method_health`]; `Ok` once the pool is gone.
-    pub fn method_health(&self, method: &str) -> Result<(), String> {
+    pub fn method_health(&self, method: &str) -> Result<(), Stuck> {
         self.0
             .upgrade()
             .map_or(Ok(()), |shared| CallPool { shared }.method_health(method))
     }
+}
+
+/// Why calls are refused: too many of them are stuck in the plugin past their deadline.
+/// `Display` is the line the log, `/healthz`, `/readyz` and the refused call's error show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stuck {
+    /// The provider reached its cap of hung calls: every call is refused.
+    #[error(
+        "provider {provider}: {hung} calls are stuck in the plugin past their deadline (at most \
+         {cap} allowed); its calls are refused until some return"
+    )]
+    Provider {
+        /// The provider's name.
+        provider: String,
+        /// Calls hung now.
+        hung: usize,
+        /// The cap.
+        cap: usize,
+    },
+    /// One method reached its cap of hung calls: that method's calls are refused.
+    #[error(
+        "provider {provider}: {hung} {method} calls are stuck in the plugin past their deadline \
+         (at most {cap} per method); {method} calls are refused until some return, the \
+         provider's other methods still run"
+    )]
+    Method {
+        /// The provider's name.
+        provider: String,
+        /// The method.
+        method: String,
+        /// Calls of it hung now.
+        hung: usize,
+        /// The cap per method.
+        cap: usize,
+    },
 }
 
 /// Why a call handed to the pool has no answer.
@@ -180,17 +215,17 @@ impl WeakCallPool {
 pub enum PoolError {
     /// Refused while it waited in the queue: its method (or the provider) reached the cap of
     /// hung calls meanwhile.
-    Refused(String),
+    Refused(Stuck),
     /// Its thread ended without an answer (a panic in the host's own closure).
     Lost,
 }
 
-type Answer<T> = Result<T, String>;
+type Answer<T> = Result<T, Stuck>;
 
-fn refuse_all<T: Send + 'static>(senders: Box<dyn Any + Send>, why: &str) {
+fn refuse_all<T: Send + 'static>(senders: Box<dyn Any + Send>, why: &Stuck) {
     if let Ok(senders) = senders.downcast::<Vec<oneshot::Sender<Answer<T>>>>() {
         for s in *senders {
-            let _ = s.send(Err(why.to_string()));
+            let _ = s.send(Err(why.clone()));
         }
     }
 }
@@ -303,7 +338,7 @@ impl CallPool {
     }
 
     /// Why every call is refused now, if it is (`/healthz`).
-    pub fn health(&self) -> Result<(), String> {
+    pub fn health(&self) -> Result<(), Stuck> {
         let state = self.lock();
         if state.hung >= self.shared.hung_cap {
             Err(self.unhealthy_message(state.hung))
@@ -313,7 +348,7 @@ impl CallPool {
     }
 
     /// Why `method`'s calls are refused now, if they are (its `/readyz` check).
-    pub fn method_health(&self, method: &str) -> Result<(), String> {
+    pub fn method_health(&self, method: &str) -> Result<(), Stuck> {
         let state = self.lock();
         let hung = state.methods.get(method).map_or(0, |m| m.hung);
         if hung >= self.shared.method_cap {
@@ -358,21 +393,21 @@ impl CallPool {
             .is_some_and(|slot| slot.phase == Phase::Hung)
     }
 
-    fn unhealthy_message(&self, hung: usize) -> String {
-        format!(
-            "provider {}: {hung} calls are stuck in the plugin past their deadline (at most {} \
-             allowed); its calls are refused until some return",
-            self.shared.provider, self.shared.hung_cap
-        )
+    fn unhealthy_message(&self, hung: usize) -> Stuck {
+        Stuck::Provider {
+            provider: self.shared.provider.to_string(),
+            hung,
+            cap: self.shared.hung_cap,
+        }
     }
 
-    fn method_message(&self, method: &str, hung: usize) -> String {
-        format!(
-            "provider {}: {hung} {method} calls are stuck in the plugin past their deadline (at \
-             most {} per method); {method} calls are refused until some return, the provider's \
-             other methods still run",
-            self.shared.provider, self.shared.method_cap
-        )
+    fn method_message(&self, method: &str, hung: usize) -> Stuck {
+        Stuck::Method {
+            provider: self.shared.provider.to_string(),
+            method: method.to_string(),
+            hung,
+            cap: self.shared.method_cap,
+        }
     }
 
     /// Join the call with `key` still queued or running (hung included): wait for its answer
@@ -406,7 +441,7 @@ impl CallPool {
         method: &'static str,
         key: Option<CallKey>,
         f: F,
-    ) -> Result<PoolCall<T>, String>
+    ) -> Result<PoolCall<T>, Stuck>
     where
         T: Clone + Send + 'static,
         F: FnOnce() -> T + Send + 'static,
@@ -463,7 +498,7 @@ impl CallPool {
     }
 
     /// Why a new call of `method` is refused now, if it is.
-    fn refusal(&self, state: &State, method: &str) -> Option<String> {
+    fn refusal(&self, state: &State, method: &str) -> Option<Stuck> {
         let method_hung = state.methods.get(method).map_or(0, |m| m.hung);
         if state.hung >= self.shared.hung_cap {
             Some(self.unhealthy_message(state.hung))
@@ -756,13 +791,16 @@ mod tests {
         }
         let err = p.method_health("Stuck").unwrap_err();
         assert!(
-            err.contains("3 Stuck calls are stuck in the plugin"),
+            matches!(&err, Stuck::Method { method, hung: 3, .. } if method == "Stuck"),
             "{err}"
         );
         assert_eq!(*refused.lock().unwrap(), vec!["Stuck"]);
         assert_eq!(p.refused_methods(), vec!["Stuck"]);
         let e = p.submit("Stuck", key("Stuck", 9), || ()).err().unwrap();
-        assert!(e.contains("Stuck calls are refused"), "{e}");
+        assert!(
+            matches!(&e, Stuck::Method { method, .. } if method == "Stuck"),
+            "{e}"
+        );
         // The provider and its other methods are fine.
         assert!(p.health().is_ok());
         assert_eq!(p.submit("Other", None, || 7).unwrap().await.unwrap(), 7);
@@ -823,7 +861,7 @@ mod tests {
         hang(&p, "B", None, &gate).await;
         hang(&p, "C", None, &gate).await;
         let err = p.health().unwrap_err();
-        assert!(err.contains("3 calls are stuck"), "{err}");
+        assert!(matches!(err, Stuck::Provider { hung: 3, .. }), "{err}");
         assert!(p.submit("D", None, || ()).is_err(), "refused at the cap");
         assert!(p.threads() <= 2 + 3, "bounded: {}", p.threads());
         gate.open();

@@ -36,6 +36,22 @@ pub const LEADER_ELECTION: &str = "leader-election";
 /// Client name of the shared node and service informers.
 pub const SHARED_INFORMERS: &str = "shared-informers";
 
+/// Why an API client cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The configuration makes no client (e.g. unreadable TLS material).
+    #[error("cannot build the Kubernetes client: {0}")]
+    Build(#[source] kube::Error),
+    /// The client's name is not a valid User-Agent.
+    #[error("invalid client name {name:?}: {source}")]
+    Name {
+        /// The name given.
+        name: String,
+        /// Why it is not a header value.
+        source: http::header::InvalidHeaderValue,
+    },
+}
+
 /// Builds the daemon's clients from one API configuration and one client-side limit.
 #[derive(Clone)]
 pub struct KubeClients {
@@ -62,12 +78,12 @@ impl KubeClients {
     /// # Errors
     /// When no client can be built from `config` (checked once here, so [`Self::client`] only
     /// fails for the same reasons).
-    pub fn new(config: kube::Config, qps: f64, burst: u32) -> Result<Self, String> {
+    pub fn new(config: kube::Config, qps: f64, burst: u32) -> Result<Self, ClientError> {
         let mut base = without_system_roots_for_http(config.clone());
         base.headers
             .retain(|(header, _)| header != http::header::USER_AGENT);
         let base = kube::client::ClientBuilder::try_from(base)
-            .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?
+            .map_err(ClientError::Build)?
             .build();
         Ok(Self {
             config,
@@ -82,9 +98,12 @@ impl KubeClients {
     ///
     /// # Errors
     /// When the configuration cannot make a client (e.g. unreadable TLS material).
-    pub fn client(&self, name: &str) -> Result<Client, String> {
-        let agent = http::HeaderValue::from_str(&user_agent(name))
-            .map_err(|e| format!("invalid client name {name:?}: {e}"))?;
+    pub fn client(&self, name: &str) -> Result<Client, ClientError> {
+        let agent =
+            http::HeaderValue::from_str(&user_agent(name)).map_err(|source| ClientError::Name {
+                name: name.to_string(),
+                source,
+            })?;
         let base = self.base.clone();
         let url = self.config.cluster_url.to_string();
         let service = tower::service_fn(move |mut request: http::Request<kube::client::Body>| {

@@ -5,7 +5,10 @@
 # cluster and for load balancers, an internet gateway, a cluster-tagged route table) and four
 # instances (three running check nodes, one stopped), runs
 #   ccm-host check --cloud-provider aws --node <private DNS names> --shutdown-node <stopped> ...
-# prints check's table, stops moto, and exits with check's exit code.
+# twice, for a classic ELB Service (no type annotation) and for an NLB Service
+# (--service-annotation service.beta.kubernetes.io/aws-load-balancer-type=nlb), prints check's
+# tables, stops moto, and exits with the first failing run's exit code (0 when both pass). The
+# image mode (CCM_CHECK_IMAGE) runs once, for a classic ELB.
 #
 #   bash providers/aws/scripts/check-against-moto.sh [extra ccm-host check flags, e.g. -o json]
 #
@@ -158,8 +161,21 @@ if [ -n "$image" ]; then
     --cluster-name "$cluster" --cluster-cidr 10.244.0.0/16 "$@" || status=$?
   exit "$status"
 fi
-"$target/debug/ccm-host" check --plugin-dir "$work/plugins" --cloud-provider aws \
-  --cloud-config "$work/cloud.conf" "${args[@]}" \
-  --absent-provider-id aws:///us-east-1a/i-0123456789abcdef0 \
-  --cluster-name "$cluster" --cluster-cidr 10.244.0.0/16 "$@" || status=$?
+# Once per kind of load balancer: a Service without a type annotation gets a classic ELB (the
+# AWS CCM's default), one with aws-load-balancer-type=nlb an NLB (CCM_CHECK_LB_TYPES to choose).
+for lb_type in ${CCM_CHECK_LB_TYPES:-classic nlb}; do
+  annotation=()
+  case "$lb_type" in
+    classic) ;;
+    nlb) annotation=(--service-annotation service.beta.kubernetes.io/aws-load-balancer-type=nlb) ;;
+    *) echo "check-against-moto: CCM_CHECK_LB_TYPES: unknown type $lb_type (classic, nlb)" >&2; exit 2 ;;
+  esac
+  echo "== load balancer type: $lb_type" >&2
+  run_status=0
+  "$target/debug/ccm-host" check --plugin-dir "$work/plugins" --cloud-provider aws \
+    --cloud-config "$work/cloud.conf" "${args[@]}" "${annotation[@]}" \
+    --absent-provider-id aws:///us-east-1a/i-0123456789abcdef0 \
+    --cluster-name "$cluster" --cluster-cidr 10.244.0.0/16 "$@" || run_status=$?
+  if [ "$run_status" -ne 0 ]; then status=$run_status; fi
+done
 exit "$status"

@@ -5,9 +5,10 @@
 //! As in the AWS CCM, a key this provider does not read (a typo, an AWS Load Balancer
 //! Controller key such as `aws-load-balancer-nlb-target-type`, a classic-ELB key) is ignored:
 //! [`notices`] lists them for one Warning event per Service. An invalid value of a key it reads
-//! is one error naming the key; it stops the configuration change (the host publishes it as a
-//! Warning event and retries), never the target updates: [`target_node_labels`] is read
-//! leniently, so the targets follow the nodes whatever else the Service says.
+//! is one error naming the key; the load balancer then keeps that key's last valid value
+//! (`AwsLoadBalancer::effective_service`), so it blocks only its own change; it never stops the
+//! target updates: [`target_node_labels`] is read leniently, so the targets follow the nodes
+//! whatever else the Service says.
 //!
 //! The table of supported keys is in `docs/aws-provider.md`.
 
@@ -79,6 +80,25 @@ pub const ACCESS_LOG_BUCKET: &str =
 /// `aws-load-balancer-access-log-s3-bucket-prefix`.
 pub const ACCESS_LOG_PREFIX: &str =
     "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-prefix";
+/// `aws-load-balancer-proxy-protocol` (classic: `*`).
+pub const PROXY_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+/// `aws-load-balancer-connection-draining-enabled` (classic).
+pub const DRAINING_ENABLED: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-enabled";
+/// `aws-load-balancer-connection-draining-timeout` (classic).
+pub const DRAINING_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-timeout";
+/// `aws-load-balancer-connection-idle-timeout` (classic).
+pub const IDLE_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
+/// `aws-load-balancer-access-log-emit-interval` (classic).
+pub const ACCESS_LOG_INTERVAL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-emit-interval";
+/// `aws-load-balancer-security-groups` (classic: replaces the per-ELB group).
+pub const SECURITY_GROUPS: &str = "service.beta.kubernetes.io/aws-load-balancer-security-groups";
+/// `aws-load-balancer-extra-security-groups` (classic: appended).
+pub const EXTRA_SECURITY_GROUPS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
 /// `aws-load-balancer-ip-address-type` (`ipv4` / `dualstack`).
 pub const IP_ADDRESS_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
 
@@ -90,6 +110,17 @@ const NO_EFFECT: &[(&str, &str)] = &[
     ("connection-draining-timeout", "classic ELB only"),
     ("connection-idle-timeout", "classic ELB only"),
     ("access-log-emit-interval", "classic ELB only"),
+];
+
+/// Keys of an NLB that have no effect on a classic ELB (ignored with a warning).
+const NLB_ONLY: &[(&str, &str)] = &[
+    ("eip-allocations", "NLB only"),
+    ("private-ipv4-addresses", "NLB only"),
+    (
+        "scheme",
+        "not read for a classic ELB (use aws-load-balancer-internal)",
+    ),
+    ("ip-address-type", "NLB only"),
 ];
 
 /// Keys whose meaning this provider cannot honour: an error (silently dropping a firewall rule
@@ -211,46 +242,65 @@ pub fn source_ranges(service: &Service, svc: &str) -> Result<Vec<String>> {
 /// What the AWS CCM would do with the Service's type annotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handling {
-    /// This provider makes an NLB.
+    /// `nlb`: a network load balancer.
     Nlb,
+    /// No type or any other value: a classic ELB (the AWS CCM's default).
+    Classic,
     /// `external` / `nlb-ip`: the AWS Load Balancer Controller's (`ImplementedElsewhere`).
     Elsewhere,
 }
 
-fn invalid(service: &str, key: &str, value: &str, why: impl std::fmt::Display) -> ProviderError {
+pub(crate) fn invalid(
+    service: &str,
+    key: &str,
+    value: &str,
+    why: impl std::fmt::Display,
+) -> ProviderError {
     ProviderError::other(format!(
         "service {service}: annotation {key}={value:?}: {why}"
     ))
 }
 
-/// `service`'s type annotation: `external` / `nlb-ip` are the AWS Load Balancer Controller's;
-/// `nlb`, nothing, or any other value: an NLB here (another value is reported by [`notices`]).
+/// `service`'s type annotation, read as the AWS CCM reads it: `nlb` is an NLB; `external` /
+/// `nlb-ip` are the AWS Load Balancer Controller's; nothing or any other value is a classic ELB
+/// (a value other than `classic` is reported by [`notices`]).
 pub fn handling(service: &Service) -> Result<Handling> {
     let annotations = service.metadata.annotations.clone().unwrap_or_default();
     match annotations.get(TYPE).map(|v| v.trim()) {
+        Some("nlb") => Ok(Handling::Nlb),
         Some("external") | Some("nlb-ip") => Ok(Handling::Elsewhere),
-        _ => Ok(Handling::Nlb),
+        _ => Ok(Handling::Classic),
     }
 }
 
 /// What this provider ignores on `service` (one line each, for a Warning event): unknown
-/// `aws-load-balancer-*` keys, keys without effect on an NLB, a type it does not make.
+/// `aws-load-balancer-*` keys, keys without effect on its load balancer type, a type value it
+/// does not know.
 pub fn notices(service: &Service) -> Vec<String> {
     let annotations = service.metadata.annotations.clone().unwrap_or_default();
+    let classic = matches!(handling(service), Ok(Handling::Classic));
     let mut out = Vec::new();
     for (k, v) in &annotations {
         let Some(suffix) = k.strip_prefix(PREFIX) else {
             continue;
         };
-        if let Some((_, why)) = NO_EFFECT.iter().find(|(s, _)| *s == suffix) {
-            out.push(format!("annotation {k} is ignored: {why}"));
-        } else if k == TYPE {
+        if k == TYPE {
             let t = v.trim();
-            if !matches!(t, "" | "nlb" | "external" | "nlb-ip") {
+            if !matches!(t, "" | "nlb" | "external" | "nlb-ip" | "classic") {
                 out.push(format!(
-                    "annotation {k}={t:?} is not a type this provider knows; the Service gets a network load balancer"
+                    "annotation {k}={t:?} is not a type this provider knows (nlb, external, nlb-ip); the Service gets a classic ELB, as with the AWS CCM"
                 ));
             }
+        } else if classic {
+            if let Some((_, why)) = NLB_ONLY.iter().find(|(s, _)| *s == suffix) {
+                out.push(format!("annotation {k} is ignored: {why}"));
+            } else if !CLASSIC_KNOWN.contains(&k.as_str()) {
+                out.push(format!(
+                    "annotation {k} is not read by this provider and is ignored (docs/aws-provider.md lists the supported ones)"
+                ));
+            }
+        } else if let Some((_, why)) = NO_EFFECT.iter().find(|(s, _)| *s == suffix) {
+            out.push(format!("annotation {k} is ignored: {why}"));
         } else if !KNOWN.contains(&k.as_str()) && !REFUSED.iter().any(|(s, _)| *s == suffix) {
             out.push(format!(
                 "annotation {k} is not read by this provider and is ignored (docs/aws-provider.md lists the supported ones)"
@@ -258,6 +308,19 @@ pub fn notices(service: &Service) -> Vec<String> {
         }
     }
     out
+}
+
+/// The annotations of `service` that shape its load balancer: every `aws-load-balancer-*` key
+/// and `load-balancer-source-ranges`.
+pub fn load_balancer_annotations(service: &Service) -> BTreeMap<String, String> {
+    service
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(PREFIX) || k == SOURCE_RANGES)
+        .collect()
 }
 
 /// `aws-load-balancer-target-node-labels`, read leniently (parts without a key are skipped):
@@ -310,7 +373,7 @@ pub fn load_balancer_name(service: &Service) -> String {
     name
 }
 
-fn parse_bool(service: &str, key: &str, v: &str) -> Result<bool> {
+pub(crate) fn parse_bool(service: &str, key: &str, v: &str) -> Result<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "t" => Ok(true),
         "false" | "0" | "f" => Ok(false),
@@ -318,7 +381,7 @@ fn parse_bool(service: &str, key: &str, v: &str) -> Result<bool> {
     }
 }
 
-fn parse_range(service: &str, key: &str, v: &str, lo: u32, hi: u32) -> Result<u32> {
+pub(crate) fn parse_range(service: &str, key: &str, v: &str, lo: u32, hi: u32) -> Result<u32> {
     match v.trim().parse::<u32>() {
         Ok(n) if (lo..=hi).contains(&n) => Ok(n),
         _ => Err(invalid(
@@ -330,7 +393,7 @@ fn parse_range(service: &str, key: &str, v: &str, lo: u32, hi: u32) -> Result<u3
     }
 }
 
-fn split_list(v: &str) -> Vec<String> {
+pub(crate) fn split_list(v: &str) -> Vec<String> {
     v.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -339,7 +402,7 @@ fn split_list(v: &str) -> Vec<String> {
 }
 
 /// `k1=v1,k2=v2` (a key alone has an empty value), as the AWS CCM reads it.
-fn key_values(service: &str, key: &str, v: &str) -> Result<BTreeMap<String, String>> {
+pub(crate) fn key_values(service: &str, key: &str, v: &str) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for part in split_list(v) {
         let (k, val) = part.split_once('=').unwrap_or((part.as_str(), ""));
@@ -703,6 +766,38 @@ const KNOWN: &[&str] = &[
     IP_ADDRESS_TYPE,
 ];
 
+/// Every annotation key this provider reads for a classic ELB.
+const CLASSIC_KNOWN: &[&str] = &[
+    TYPE,
+    INTERNAL,
+    PROXY_PROTOCOL,
+    ACCESS_LOG_INTERVAL,
+    ACCESS_LOG_ENABLED,
+    ACCESS_LOG_BUCKET,
+    ACCESS_LOG_PREFIX,
+    DRAINING_ENABLED,
+    DRAINING_TIMEOUT,
+    IDLE_TIMEOUT,
+    CROSS_ZONE,
+    SECURITY_GROUPS,
+    EXTRA_SECURITY_GROUPS,
+    SSL_CERT,
+    SSL_PORTS,
+    SSL_POLICY,
+    BACKEND_PROTOCOL,
+    ADDITIONAL_TAGS,
+    HC_PROTOCOL,
+    HC_PORT,
+    HC_PATH,
+    HC_INTERVAL,
+    HC_TIMEOUT,
+    HC_HEALTHY,
+    HC_UNHEALTHY,
+    TARGET_NODE_LABELS,
+    SUBNETS,
+    TG_ATTRIBUTES,
+];
+
 /// The AWS CCM's `defaultNlbHealthCheckInterval` (`pkg/providers/v1/aws_loadbalancer.go`).
 pub const NLB_HC_INTERVAL: u32 = 30;
 /// `defaultNlbHealthCheckTimeout` (the AWS CCM never sends it; sent here, equal to AWS's
@@ -965,7 +1060,7 @@ mod tests {
         let a = json!({
             "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "instance",
             "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol": "*",
-            TYPE: "classic",
+            TYPE: "nlb",
             HC_INTERVAL: "30",
             "example.com/other": "x",
         });
@@ -974,14 +1069,32 @@ mod tests {
         let s = svc(a, json!({}));
         assert_eq!(handling(&s).unwrap(), Handling::Nlb);
         let n = notices(&s);
-        assert_eq!(n.len(), 3, "{n:?}");
+        assert_eq!(n.len(), 2, "{n:?}");
         assert!(n
             .iter()
             .any(|l| l.contains("nlb-target-type") && l.contains("ignored")));
         assert!(n
             .iter()
             .any(|l| l.contains("proxy-protocol") && l.contains("proxy_protocol_v2")));
-        assert!(n.iter().any(|l| l.contains("\"classic\"")));
+        // Without `nlb` the Service is a classic ELB, as with the AWS CCM: its keys are read,
+        // NLB-only keys and unknown types are named.
+        let s = svc(
+            json!({
+                TYPE: "clasic",
+                "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol": "*",
+                EIP_ALLOCATIONS: "eipalloc-1",
+            }),
+            json!({}),
+        );
+        assert_eq!(handling(&s).unwrap(), Handling::Classic);
+        let n = notices(&s);
+        assert_eq!(n.len(), 2, "{n:?}");
+        assert!(n.iter().any(|l| l.contains("\"clasic\"")));
+        assert!(n.iter().any(|l| l.contains("eip-allocations")));
+        assert_eq!(
+            handling(&svc(json!({}), json!({}))).unwrap(),
+            Handling::Classic
+        );
         assert!(notices(&svc(json!({HC_INTERVAL: "soon"}), json!({}))).is_empty());
         // Lenient label filter: a part without a key is skipped; `k` alone means "has k".
         let s = svc(json!({TARGET_NODE_LABELS: "=x,role=edge,zone"}), json!({}));

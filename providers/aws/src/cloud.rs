@@ -48,6 +48,9 @@ pub struct AwsContext {
     health: Mutex<Option<(Instant, Result<()>)>>,
     states: Mutex<HashMap<String, SeenInstance>>,
     warned: Mutex<HashMap<String, Vec<String>>>,
+    /// Per Service UID, its load-balancer annotations as last applied successfully (the value
+    /// an invalid one falls back to).
+    applied: Mutex<HashMap<String, BTreeMap<String, String>>>,
 }
 
 impl AwsContext {
@@ -81,6 +84,33 @@ impl AwsContext {
             .get(instance_id)
             .filter(|(_, _, at)| at.elapsed() < STATE_TTL)
             .map(|(_, g, _)| g.clone())
+    }
+
+    /// Record the load-balancer annotations of `service` (the `aws-load-balancer-*` keys and
+    /// the source-ranges annotation) as applied successfully.
+    pub fn remember_applied(&self, service: &Service) {
+        let uid = service.metadata.uid.clone().unwrap_or_default();
+        self.applied
+            .lock()
+            .expect("applied")
+            .insert(uid, crate::annotations::load_balancer_annotations(service));
+    }
+
+    /// The value of annotation `key` on `service` when it was last applied successfully:
+    /// `Some(None)` when it was absent then, `None` when nothing was applied by this process.
+    pub fn applied_value(&self, service: &Service, key: &str) -> Option<Option<String>> {
+        let uid = service.metadata.uid.clone().unwrap_or_default();
+        self.applied
+            .lock()
+            .expect("applied")
+            .get(&uid)
+            .map(|a| a.get(key).cloned())
+    }
+
+    /// Forget what was applied for `service` (deleted).
+    pub fn forget_applied(&self, service: &Service) {
+        let uid = service.metadata.uid.clone().unwrap_or_default();
+        self.applied.lock().expect("applied").remove(&uid);
     }
 
     /// A Warning event on `service` with `reason` and the `lines`, once for each distinct set
@@ -448,6 +478,7 @@ impl AwsCloud {
             health: Mutex::new(None),
             states: Mutex::new(HashMap::new()),
             warned: Mutex::new(HashMap::new()),
+            applied: Mutex::new(HashMap::new()),
         });
         Ok(Self {
             instances: Arc::new(AwsInstances::new(cx.clone(), rt.clone())),

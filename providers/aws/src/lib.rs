@@ -6,13 +6,14 @@
 //! - **InstancesV2** and bulk lookups from EC2 DescribeInstances ([`instances`]): provider IDs
 //!   `aws:///<zone>/<instance-id>`, addresses in the AWS CCM's order, instance type, zone,
 //!   region and the `topology.k8s.aws/zone-id` label; stopped = shut down, terminated = gone.
-//! - **LoadBalancer** as one network load balancer per Service ([`loadbalancer`]), with the
-//!   NLB subset of the `service.beta.kubernetes.io/aws-load-balancer-*` annotations
-//!   ([`annotations`]).
+//! - **LoadBalancer** as a classic ELB per Service (the AWS CCM's default) or, with
+//!   `aws-load-balancer-type: nlb`, a network load balancer ([`loadbalancer`]), with the AWS
+//!   CCM's `service.beta.kubernetes.io/aws-load-balancer-*` annotations ([`annotations`]) and
+//!   security groups ([`securitygroups`]).
 //! - **Routes** in the cluster's VPC route table(s) ([`routes`]).
 //!
 //! The cloud config is the AWS CCM's INI file ([`config`]); credentials come from the AWS SDK's
-//! own chain ([`credentials`]); EC2 and ELBv2 are called through a small Query-API client
+//! own chain ([`credentials`]); EC2, ELBv2 and classic ELB are called through a small Query-API client
 //! signed with the SDK's SigV4 ([`api`]). Each provider instance runs its calls on its own
 //! tokio runtime, bounded by the host's call deadline and cancellation ([`runtime`]).
 //!

@@ -1,6 +1,7 @@
-//! LoadBalancer as one network load balancer (NLB) per Service.
+//! LoadBalancer: a classic ELB per Service by default ([`classic`], the AWS CCM's default), a
+//! network load balancer (NLB) with `aws-load-balancer-type: nlb` (this module).
 //!
-//! For a Service `ns/name` with UID `u` and cluster ID `c`:
+//! For an NLB of a Service `ns/name` with UID `u` and cluster ID `c`:
 //! - the NLB is named `a<u without dashes>` (32 characters; upstream's default name), scheme
 //!   internet-facing unless the Service asks for internal, in one subnet per zone (the
 //!   `aws-load-balancer-subnets` annotation, else the VPC's subnets tagged for the cluster or
@@ -37,8 +38,27 @@ use crate::api::elbv2::{
 use crate::cloud::AwsContext;
 use crate::instances::{key_of, Key};
 use crate::runtime::AwsRuntime;
-use crate::securitygroups::{sync_nlb_rules, NlbRules};
+use crate::securitygroups::{sync_nlb_rules, NlbRules, RuleSync};
 use crate::tags;
+
+pub mod classic;
+
+pub use classic::ClassicDesired;
+
+/// Whether the load balancer of a Service's name is the Service's: the decision every path
+/// takes before changing or deleting anything.
+pub(crate) enum Ownership<T> {
+    /// There is none.
+    Absent,
+    /// It carries the cluster's `owned` tag and the Service's name tag.
+    Owned(T),
+    /// It exists without them: left alone; the error says so in one line.
+    Foreign(ProviderError),
+}
+
+/// The reason of the Warning event that lists the invalid annotation values kept out of a
+/// change (their last valid value stays in effect).
+pub const INVALID_ANNOTATIONS: &str = "InvalidAnnotations";
 
 /// The reason of the Warning event that lists the annotations a Service carries to no effect.
 pub const IGNORED_ANNOTATIONS: &str = "IgnoredAnnotations";
@@ -190,6 +210,62 @@ fn not_owned(name: &str, service: &str, cluster_id: &str) -> ProviderError {
 }
 
 impl AwsLoadBalancer {
+    /// `service` as its load balancer is to be made: an annotation whose value is invalid is
+    /// replaced by its last valid value (or left out if it was absent then), so that it blocks
+    /// only its own change; one line per such key for the `InvalidAnnotations` event. A key
+    /// whose last valid value this process does not know (nothing applied since it started),
+    /// and an error no annotation is named in, are left for the ensure to report: then nothing
+    /// but the targets changes until the Service is fixed.
+    fn effective_service(&self, service: &Service, handling: Handling) -> (Service, Vec<String>) {
+        let probe = &self.inner.cx.config.health_probe_mode;
+        let check = |s: &Service| -> Result<()> {
+            match handling {
+                Handling::Classic => ClassicDesired::from_service(s, probe).map(drop),
+                _ => Desired::from_service(s, probe).map(drop),
+            }
+        };
+        let mut effective = service.clone();
+        let mut lines = Vec::new();
+        let keys = annotations::load_balancer_annotations(service).len();
+        for _ in 0..keys {
+            let e = match check(&effective) {
+                Ok(()) => break,
+                Err(e) => e,
+            };
+            if e.kind() == ErrorKind::IMPLEMENTED_ELSEWHERE {
+                break;
+            }
+            let msg = e.message().to_string();
+            let current = annotations::load_balancer_annotations(&effective);
+            let Some(key) = current
+                .keys()
+                .find(|k| msg.contains(&format!("{k}=")))
+                .or_else(|| current.keys().find(|k| msg.contains(k.as_str())))
+                .cloned()
+            else {
+                break;
+            };
+            let Some(good) = self.inner.cx.applied_value(service, &key) else {
+                break;
+            };
+            if good.as_ref() == current.get(&key) {
+                break;
+            }
+            lines.push(match &good {
+                Some(v) => {
+                    format!("{msg}; its last valid value {v:?} stays in effect until it is fixed")
+                }
+                None => format!("{msg}; it is left out (as before it was set) until it is fixed"),
+            });
+            let a = effective.metadata.annotations.get_or_insert_default();
+            match good {
+                Some(v) => a.insert(key, v),
+                None => a.remove(&key),
+            };
+        }
+        (effective, lines)
+    }
+
     /// The load balancer over the provider's context and runtime.
     pub fn new(cx: Arc<AwsContext>, rt: Arc<AwsRuntime>) -> Self {
         Self {
@@ -221,11 +297,15 @@ impl AwsLoadBalancer {
 }
 
 impl Nlbs {
-    /// The NLB named `name`, if it exists and is this Service's; an error if it exists and is
-    /// not.
-    async fn owned(&self, name: &str, cluster_id: &str, service: &str) -> Result<Option<Nlb>> {
+    /// The NLB named `name` and whether it is the Service's.
+    async fn ownership(
+        &self,
+        name: &str,
+        cluster_id: &str,
+        service: &str,
+    ) -> Result<Ownership<Nlb>> {
         let Some(lb) = self.cx.api.describe_load_balancer(name).await? else {
-            return Ok(None);
+            return Ok(Ownership::Absent);
         };
         let tags = self
             .cx
@@ -234,9 +314,9 @@ impl Nlbs {
             .await?;
         let empty = BTreeMap::new();
         if !tags::is_owned_by(tags.get(&lb.arn).unwrap_or(&empty), cluster_id, service) {
-            return Err(not_owned(name, service, cluster_id));
+            return Ok(Ownership::Foreign(not_owned(name, service, cluster_id)));
         }
-        Ok(Some(lb))
+        Ok(Ownership::Owned(lb))
     }
 
     /// The listeners of `lb_arn` and its target groups: those AWS lists for the load balancer
@@ -306,6 +386,7 @@ impl Nlbs {
         lb: &Nlb,
         d: &Desired,
         ids: &[String],
+        mode: RuleSync,
     ) -> Result<()> {
         if self.cx.config.disable_sg_ingress {
             return Ok(());
@@ -353,7 +434,7 @@ impl Nlbs {
             }
         }
         let vpc = (!lb.vpc_id.is_empty()).then_some(lb.vpc_id.as_str());
-        sync_nlb_rules(&self.cx, cluster_id, &lb.name, vpc, ids, Some(&rules)).await
+        sync_nlb_rules(&self.cx, cluster_id, &lb.name, vpc, ids, Some(&rules), mode).await
     }
 
     /// The instance IDs behind `nodes` (provider IDs, else a lookup by name).
@@ -412,9 +493,17 @@ impl Nlbs {
         Ok(vpc)
     }
 
-    /// Subnets of a new NLB: the annotation's, else discovered as the AWS CCM does.
-    async fn subnets(&self, d: &Desired, vpc: &str, cluster_id: &str) -> Result<Vec<String>> {
-        if let Some(wanted) = &d.subnets {
+    /// Subnets of a load balancer of `service`: `wanted` (the annotation's IDs or Name tags),
+    /// else discovered as the AWS CCM does (`findELBSubnets`).
+    async fn subnets(
+        &self,
+        wanted: Option<&[String]>,
+        internal: bool,
+        service: &str,
+        vpc: &str,
+        cluster_id: &str,
+    ) -> Result<Vec<String>> {
+        if let Some(wanted) = wanted {
             let ids: Vec<String> = wanted
                 .iter()
                 .filter(|s| s.starts_with("subnet-"))
@@ -451,7 +540,7 @@ impl Nlbs {
                     .ok_or_else(|| {
                         ProviderError::other(format!(
                             "service {}: annotation {}: no subnet {w:?} (by ID or Name tag) in {vpc}",
-                            d.service,
+                            service,
                             annotations::SUBNETS
                         ))
                     })?;
@@ -477,7 +566,7 @@ impl Nlbs {
                 return Ok(vec![id.clone()]);
             }
         }
-        if !d.internal {
+        if !internal {
             let tables = self
                 .cx
                 .api
@@ -495,7 +584,7 @@ impl Nlbs {
                 })
             });
         }
-        let role = if d.internal {
+        let role = if internal {
             tags::ROLE_INTERNAL_ELB_TAG
         } else {
             tags::ROLE_ELB_TAG
@@ -535,8 +624,8 @@ impl Nlbs {
         if out.is_empty() {
             return Err(ProviderError::other(format!(
                 "service {}: could not find any suitable subnets for the load balancer in {vpc} (tag {} subnets with {}=1, or set {})",
-                d.service,
-                if d.internal { "private" } else { "public" },
+                service,
+                if internal { "private" } else { "public" },
                 role,
                 annotations::SUBNETS
             )));
@@ -719,9 +808,10 @@ impl Nlbs {
         let mut resource_tags = d.additional_tags.clone();
         resource_tags.extend(tags::owned_tags(&cluster_id, &d.service));
 
-        let existing = self.owned(&name, &cluster_id, &d.service).await?;
+        let existing = self.ownership(&name, &cluster_id, &d.service).await?;
         let (lb, created) = match existing {
-            Some(lb) => {
+            Ownership::Foreign(e) => return Err(e),
+            Ownership::Owned(lb) => {
                 let internal = lb.scheme == "internal";
                 if internal != d.internal {
                     return Err(ProviderError::other(format!(
@@ -733,9 +823,23 @@ impl Nlbs {
                 }
                 (lb, false)
             }
-            None => {
+            Ownership::Absent => {
+                if self.cx.api.describe_classic(&name).await?.is_some() {
+                    return Err(ProviderError::other(format!(
+                        "service {}: a classic load balancer {name} exists; the load balancer type cannot change (delete and re-create the Service, or remove aws-load-balancer-type: nlb)",
+                        d.service
+                    )));
+                }
                 let vpc = self.vpc(&ids).await?;
-                let subnets = self.subnets(&d, &vpc, &cluster_id).await?;
+                let subnets = self
+                    .subnets(
+                        d.subnets.as_deref(),
+                        d.internal,
+                        &d.service,
+                        &vpc,
+                        &cluster_id,
+                    )
+                    .await?;
                 log::info!(
                     "aws: creating network load balancer {name} for service {} in {}",
                     d.service,
@@ -838,7 +942,8 @@ impl Nlbs {
         }
 
         // The NodePorts in the nodes' security groups, for the clients and the health checks.
-        self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
+        self.sync_rules(&cluster_id, &lb, &d, &ids, RuleSync::Exact)
+            .await?;
 
         // Attributes: a new NLB has AWS's defaults (cross-zone off, no access logs).
         let defaults = d.lb_attributes.iter().all(|(k, v)| {
@@ -882,10 +987,14 @@ impl Nlbs {
         let key = annotations::service_key(service);
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
-        let Some(lb) = self.owned(&name, &cluster_id, &key).await? else {
-            return Err(ProviderError::not_found(format!(
-                "service {key}: load balancer {name} does not exist"
-            )));
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => lb,
+            Ownership::Absent => {
+                return Err(ProviderError::not_found(format!(
+                    "service {key}: load balancer {name} does not exist"
+                )))
+            }
+            Ownership::Foreign(e) => return Err(e),
         };
         let labels = annotations::target_node_labels(service);
         let targets: Vec<Node> = nodes
@@ -901,7 +1010,114 @@ impl Nlbs {
         // The security-group rules follow the instances too, when the Service's settings can
         // be read (else the next successful ensure does it).
         if let Ok(d) = Desired::from_service(service, &self.cx.config.health_probe_mode) {
-            self.sync_rules(&cluster_id, &lb, &d, &ids).await?;
+            self.sync_rules(&cluster_id, &lb, &d, &ids, RuleSync::Exact)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The instance IDs an incremental host update adds and removes: `added` filtered by
+    /// `target-node-labels`, `removed` all of them; an instance in both (a node whose
+    /// providerID changed form) is neither.
+    async fn host_delta(
+        &self,
+        service: &Service,
+        added: &[Node],
+        removed: &[Node],
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let labels = annotations::target_node_labels(service);
+        let added: Vec<Node> = added
+            .iter()
+            .filter(|n| annotations::node_matches(&labels, n))
+            .cloned()
+            .collect();
+        let add = self.instance_ids(&added).await?;
+        let remove: Vec<String> = self
+            .instance_ids(removed)
+            .await?
+            .into_iter()
+            .filter(|id| !add.contains(id))
+            .collect();
+        Ok((add, remove))
+    }
+
+    /// ABI 1.2 incremental host update of an NLB: every target group of the NLB deregisters
+    /// the instances of `removed` and registers those of `added` (running ones only; both
+    /// idempotent on AWS), and the groups of the added instances get the NLB's rules (never
+    /// revoked here: the next full update does that).
+    async fn nlb_hosts_delta(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        added: &[Node],
+        removed: &[Node],
+    ) -> Result<()> {
+        let key = annotations::service_key(service);
+        let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
+        let name = annotations::load_balancer_name(service);
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => lb,
+            Ownership::Absent => {
+                return Err(ProviderError::not_found(format!(
+                    "service {key}: load balancer {name} does not exist"
+                )))
+            }
+            Ownership::Foreign(e) => return Err(e),
+        };
+        let (add, remove) = self.host_delta(service, added, removed).await?;
+        if add.is_empty() && remove.is_empty() {
+            return Ok(());
+        }
+        let (_, groups) = self.listeners_and_groups(&lb.arn).await?;
+        let add_targets = |port: u16| -> Vec<Target> {
+            add.iter()
+                .map(|id| Target {
+                    id: id.clone(),
+                    port,
+                })
+                .collect()
+        };
+        let mut registered = Vec::new();
+        for tg in &groups {
+            let gone: Vec<Target> = remove
+                .iter()
+                .map(|id| Target {
+                    id: id.clone(),
+                    port: tg.port,
+                })
+                .collect();
+            if !gone.is_empty() {
+                match self.cx.api.deregister_targets(&tg.arn, &gone).await {
+                    // A target that is not registered (moto, and AWS for an unknown one): ask
+                    // which are, and deregister those.
+                    Err(e) if e.code() == "InvalidTarget" => {
+                        let current = self.cx.api.targets_of(&tg.arn).await?;
+                        let gone: Vec<Target> =
+                            gone.into_iter().filter(|t| current.contains(t)).collect();
+                        if !gone.is_empty() {
+                            self.cx.api.deregister_targets(&tg.arn, &gone).await?;
+                        }
+                    }
+                    r => r?,
+                }
+            }
+            let new = if add.is_empty() {
+                Vec::new()
+            } else {
+                self.registrable(add_targets(tg.port)).await?
+            };
+            if !new.is_empty() {
+                self.cx.api.register_targets(&tg.arn, &new).await?;
+                registered.extend(new.into_iter().map(|t| t.id));
+            }
+        }
+        registered.sort();
+        registered.dedup();
+        if !registered.is_empty() {
+            if let Ok(d) = Desired::from_service(service, &self.cx.config.health_probe_mode) {
+                self.sync_rules(&cluster_id, &lb, &d, &registered, RuleSync::GrantOnly)
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -910,15 +1126,14 @@ impl Nlbs {
         let key = annotations::service_key(service);
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
-        let lb = match self.owned(&name, &cluster_id, &key).await {
-            Ok(lb) => lb,
-            Err(e)
-                if e.kind() == ErrorKind::OTHER && e.message().contains("was not created by") =>
-            {
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => Some(lb),
+            Ownership::Absent => None,
+            // Not this Service's: deleting the Service leaves it in place.
+            Ownership::Foreign(e) => {
                 log::warn!("aws: {e}");
                 return Ok(());
             }
-            Err(e) => return Err(e),
         };
         let mut groups: Vec<TargetGroup> = Vec::new();
         if let Some(lb) = &lb {
@@ -944,7 +1159,16 @@ impl Nlbs {
             .filter(|v| !v.is_empty())
             .or_else(|| self.cx.config.vpc.clone())
             .or_else(|| self.vpc.lock().expect("vpc").clone());
-        sync_nlb_rules(&self.cx, &cluster_id, &name, vpc.as_deref(), &[], None).await?;
+        sync_nlb_rules(
+            &self.cx,
+            &cluster_id,
+            &name,
+            vpc.as_deref(),
+            &[],
+            None,
+            RuleSync::Exact,
+        )
+        .await?;
         let arns: Vec<String> = groups.iter().map(|g| g.arn.clone()).collect();
         let owned = self.cx.api.describe_tags(&arns).await?;
         let empty = BTreeMap::new();
@@ -1015,8 +1239,10 @@ impl Nlbs {
         let key = annotations::service_key(service);
         let cluster_id = self.cx.cluster_id_or(cluster_name).to_string();
         let name = annotations::load_balancer_name(service);
-        let Some(lb) = self.owned(&name, &cluster_id, &key).await? else {
-            return Ok(None);
+        let lb = match self.ownership(&name, &cluster_id, &key).await? {
+            Ownership::Owned(lb) => lb,
+            Ownership::Absent => return Ok(None),
+            Ownership::Foreign(e) => return Err(e),
         };
         let mut ids = BTreeSet::new();
         for tg in self.cx.api.target_groups_of(&lb.arn).await? {
@@ -1040,10 +1266,16 @@ impl LoadBalancer for AwsLoadBalancer {
         _cluster_name: &str,
         service: &Service,
     ) -> Result<Option<LoadBalancerStatus>> {
-        if annotations::handling(service)? == Handling::Elsewhere {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Ok(None);
         }
         let name = annotations::load_balancer_name(service);
+        if handling == Handling::Classic {
+            return self.run(ctx, service, &[], |lb, _, _| async move {
+                lb.classic_status(&name).await
+            });
+        }
         self.run(ctx, service, &[], |lb, _, _| async move {
             Ok(lb
                 .cx
@@ -1070,7 +1302,8 @@ impl LoadBalancer for AwsLoadBalancer {
         service: &Service,
         nodes: &[Node],
     ) -> Result<Option<LoadBalancerStatus>> {
-        if annotations::handling(service)? == Handling::Elsewhere {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
         self.inner.cx.warn_once(
@@ -1079,11 +1312,19 @@ impl LoadBalancer for AwsLoadBalancer {
             IGNORED_ANNOTATIONS,
             &annotations::notices(service),
         );
+        let (effective, invalid) = self.effective_service(service, handling);
+        self.inner
+            .cx
+            .warn_once(ctx, service, INVALID_ANNOTATIONS, &invalid);
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, nodes, |lb, svc, nodes| async move {
-            lb.ensure(&cluster, &svc, &nodes).await
-        })
-        .map(Some)
+        let status = self.run(ctx, &effective, nodes, move |lb, svc, nodes| async move {
+            match handling {
+                Handling::Classic => lb.ensure_classic(&cluster, &svc, &nodes).await,
+                _ => lb.ensure(&cluster, &svc, &nodes).await,
+            }
+        })?;
+        self.inner.cx.remember_applied(&effective);
+        Ok(Some(status))
     }
 
     fn update_load_balancer(
@@ -1093,7 +1334,8 @@ impl LoadBalancer for AwsLoadBalancer {
         service: &Service,
         nodes: &[Node],
     ) -> Result<()> {
-        if annotations::handling(service)? == Handling::Elsewhere {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Err(ProviderError::implemented_elsewhere());
         }
         self.inner.cx.warn_once(
@@ -1102,9 +1344,13 @@ impl LoadBalancer for AwsLoadBalancer {
             IGNORED_ANNOTATIONS,
             &annotations::notices(service),
         );
+        let (effective, _) = self.effective_service(service, handling);
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, nodes, |lb, svc, nodes| async move {
-            lb.follow_nodes(&cluster, &svc, &nodes).await
+        self.run(ctx, &effective, nodes, move |lb, svc, nodes| async move {
+            match handling {
+                Handling::Classic => lb.update_classic(&cluster, &svc, &nodes).await,
+                _ => lb.follow_nodes(&cluster, &svc, &nodes).await,
+            }
         })
     }
 
@@ -1114,13 +1360,60 @@ impl LoadBalancer for AwsLoadBalancer {
         cluster_name: &str,
         service: &Service,
     ) -> Result<()> {
-        if matches!(annotations::handling(service), Ok(Handling::Elsewhere)) {
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
             return Ok(());
         }
         let cluster = cluster_name.to_string();
-        self.run(ctx, service, &[], |lb, svc, _| async move {
-            lb.delete(&cluster, &svc).await
-        })
+        self.run(ctx, service, &[], move |lb, svc, _| async move {
+            match handling {
+                Handling::Classic => lb.delete_classic(&cluster, &svc).await,
+                _ => lb.delete(&cluster, &svc).await,
+            }
+        })?;
+        self.inner.cx.forget_applied(service);
+        Ok(())
+    }
+
+    fn incremental_hosts(&self) -> bool {
+        true
+    }
+
+    /// ABI 1.2: the hosts that joined and left since the set last applied (the SDK checks the
+    /// base): registered / deregistered with RegisterTargets / DeregisterTargets (NLB) or
+    /// Register/DeregisterInstancesWithLoadBalancer (classic), no listing of the current
+    /// targets for an NLB. A whole set (`replace`) is a full `UpdateLoadBalancer`.
+    fn update_load_balancer_hosts(
+        &self,
+        ctx: &CallContext,
+        cluster_name: &str,
+        service: &Service,
+        change: &HostChange,
+    ) -> Result<()> {
+        if change.replace {
+            return self.update_load_balancer(ctx, cluster_name, service, &change.added);
+        }
+        let handling = annotations::handling(service)?;
+        if handling == Handling::Elsewhere {
+            return Err(ProviderError::implemented_elsewhere());
+        }
+        let (effective, _) = self.effective_service(service, handling);
+        let cluster = cluster_name.to_string();
+        let removed = change.removed.clone();
+        self.run(
+            ctx,
+            &effective,
+            &change.added,
+            move |lb, svc, added| async move {
+                match handling {
+                    Handling::Classic => {
+                        lb.classic_hosts_delta(&cluster, &svc, &added, &removed)
+                            .await
+                    }
+                    _ => lb.nlb_hosts_delta(&cluster, &svc, &added, &removed).await,
+                }
+            },
+        )
     }
 
     fn load_balancer_hosts(
@@ -1130,8 +1423,12 @@ impl LoadBalancer for AwsLoadBalancer {
         service: &Service,
     ) -> Result<Option<Vec<String>>> {
         let cluster = cluster_name.to_string();
-        let Some(ids) = self.run(ctx, service, &[], |lb, svc, _| async move {
-            lb.hosts(&cluster, &svc).await
+        let handling = annotations::handling(service)?;
+        let Some(ids) = self.run(ctx, service, &[], move |lb, svc, _| async move {
+            match handling {
+                Handling::Classic => lb.classic_hosts(&cluster, &svc).await,
+                _ => lb.hosts(&cluster, &svc).await,
+            }
         })?
         else {
             return Ok(None);

@@ -1,4 +1,6 @@
-//! The nodes' security-group rules of an NLB, as the AWS CCM manages them
+//! Security groups as the AWS CCM manages them: the classic ELB's own group (`k8s-elb-<lb>`,
+//! [`ensure_elb_group`], [`sync_elb_group_ingress`], [`delete_owned_group`]) and the rule allowing
+//! it on the nodes' groups ([`sync_classic_rules`]); and the nodes' security-group rules of an NLB
 //! (`updateInstanceSecurityGroupsForNLB` in `pkg/providers/v1/aws_loadbalancer.go`):
 //!
 //! - **Which groups.** The security groups of the load balancer's VPC (the cluster's tagged
@@ -28,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ccm_provider_abi::prelude::*;
 use ccm_provider_abi::sdk::Result;
 
-use crate::api::ec2::{IngressRule, SecurityGroup};
+use crate::api::ec2::{GroupRule, IngressRule, SecurityGroup};
 use crate::cloud::AwsContext;
 use crate::instances::Key;
 use crate::tags;
@@ -96,8 +98,20 @@ impl NlbRules {
     }
 }
 
+/// How far a rules pass goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleSync {
+    /// The groups `instances` are reached through get exactly the rules; other groups lose
+    /// them (`instances` is the whole set).
+    Exact,
+    /// Only add what the groups of `instances` lack (an incremental host update: `instances`
+    /// are the hosts that joined, not the whole set; the next full pass removes the rest).
+    GrantOnly,
+}
+
 /// Make the nodes' security groups carry exactly `rules` for the NLB `lb_name` reaching
-/// `instances` (`None`: remove the NLB's rules everywhere).
+/// `instances` (`None`: remove the NLB's rules everywhere); with [`RuleSync::GrantOnly`] only
+/// add the rules the groups of `instances` lack.
 pub async fn sync_nlb_rules(
     cx: &AwsContext,
     cluster_id: &str,
@@ -105,6 +119,7 @@ pub async fn sync_nlb_rules(
     vpc: Option<&str>,
     instances: &[String],
     rules: Option<&NlbRules>,
+    mode: RuleSync,
 ) -> Result<()> {
     if cx.config.disable_sg_ingress {
         return Ok(());
@@ -134,43 +149,11 @@ pub async fn sync_nlb_rules(
         .collect();
 
     // The group each target instance is reached through.
-    let mut used: BTreeSet<String> = BTreeSet::new();
-    if rules.is_some() && !instances.is_empty() {
-        // Groups read within the last minute (by any lookup of the provider), else asked now.
-        let unknown: Vec<Key> = instances
-            .iter()
-            .filter(|id| cx.known_groups(id).is_none())
-            .cloned()
-            .map(Key::Id)
-            .collect();
-        if !unknown.is_empty() {
-            cx.lookup(&unknown).await?;
-        }
-        for id in instances {
-            let Some(attached) = cx.known_groups(id) else {
-                continue;
-            };
-            let mine: Vec<&String> = attached.iter().filter(|g| tagged.contains(*g)).collect();
-            match (mine.len(), attached.len()) {
-                (1, _) => {
-                    used.insert(mine[0].clone());
-                }
-                (0, 1) => {
-                    used.insert(attached[0].clone());
-                }
-                (0, 0) => log::warn!("aws: instance {id} has no security group"),
-                (0, _) => log::warn!(
-                    "aws: instance {id} has several security groups and none is tagged for the cluster; its NodePorts are not opened"
-                ),
-                _ => {
-                    return Err(ProviderError::other(format!(
-                        "Multiple tagged security groups found for instance {id}: {}",
-                        mine.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                    )))
-                }
-            }
-        }
-    }
+    let used = if rules.is_some() {
+        reached_through(cx, instances, &tagged).await?
+    } else {
+        BTreeSet::new()
+    };
     let untagged: Vec<String> = used
         .iter()
         .filter(|g| !groups.contains_key(*g))
@@ -195,6 +178,8 @@ pub async fn sync_nlb_rules(
         }
         let wanted: BTreeSet<IngressRule> = if used.contains(id) {
             wanted_here.clone()
+        } else if mode == RuleSync::GrantOnly {
+            continue;
         } else {
             BTreeSet::new()
         };
@@ -205,7 +190,11 @@ pub async fn sync_nlb_rules(
             .cloned()
             .collect();
         let add: Vec<IngressRule> = wanted.difference(&actual).cloned().collect();
-        let remove: Vec<IngressRule> = actual.difference(&wanted).cloned().collect();
+        let remove: Vec<IngressRule> = if mode == RuleSync::GrantOnly {
+            Vec::new()
+        } else {
+            actual.difference(&wanted).cloned().collect()
+        };
         if add.is_empty() && remove.is_empty() {
             continue;
         }
@@ -250,10 +239,319 @@ pub async fn sync_nlb_rules(
     Ok(())
 }
 
+/// The security group each of `instances` is reached through, as the AWS CCM picks it
+/// (`findSecurityGroupForInstance`): its one group in `tagged` (the cluster's), else its only
+/// group; two tagged groups are an error, several untagged ones are skipped with a warning.
+/// The instances' groups come from what EC2 reported within the last minute, else one lookup.
+pub async fn reached_through(
+    cx: &AwsContext,
+    instances: &[String],
+    tagged: &BTreeSet<String>,
+) -> Result<BTreeSet<String>> {
+    let mut used: BTreeSet<String> = BTreeSet::new();
+    if instances.is_empty() {
+        return Ok(used);
+    }
+    let unknown: Vec<Key> = instances
+        .iter()
+        .filter(|id| cx.known_groups(id).is_none())
+        .cloned()
+        .map(Key::Id)
+        .collect();
+    if !unknown.is_empty() {
+        cx.lookup(&unknown).await?;
+    }
+    for id in instances {
+        let Some(attached) = cx.known_groups(id) else {
+            continue;
+        };
+        let mine: Vec<&String> = attached.iter().filter(|g| tagged.contains(*g)).collect();
+        match (mine.len(), attached.len()) {
+            (1, _) => {
+                used.insert(mine[0].clone());
+            }
+            (0, 1) => {
+                used.insert(attached[0].clone());
+            }
+            (0, 0) => log::warn!("aws: instance {id} has no security group"),
+            (0, _) => log::warn!(
+                "aws: instance {id} has several security groups and none is tagged for the cluster; its load balancer rules are not added"
+            ),
+            _ => {
+                return Err(ProviderError::other(format!(
+                    "Multiple tagged security groups found for instance {id}: {}",
+                    mine.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                )))
+            }
+        }
+    }
+    Ok(used)
+}
+
+/// The classic ELB's rule on the nodes' groups (`updateInstanceSecurityGroupsForLoadBalancer`):
+/// every group `instances` are reached through allows all traffic (protocol `-1`, no ports, no
+/// description) from `lb_group`; a cluster-tagged group of the VPC that is no longer used loses
+/// it (`instances` empty and `deleting`: every group of the VPC referencing `lb_group` loses it,
+/// tagged or not, so that the group can be deleted). Rules are recognised by their source group
+/// only, as the AWS CCM recognises them. `ElbSecurityGroup` and `lb_group` itself are never
+/// changed; `DisableSecurityGroupIngress` turns it off.
+/// With [`RuleSync::GrantOnly`] only the groups of `instances` missing the rule get it.
+pub async fn sync_classic_rules(
+    cx: &AwsContext,
+    cluster_id: &str,
+    lb_group: &str,
+    vpc: &str,
+    instances: &[String],
+    deleting: bool,
+    mode: RuleSync,
+) -> Result<()> {
+    if cx.config.disable_sg_ingress {
+        return Ok(());
+    }
+    let v = [vpc.to_string()];
+    let groups = cx
+        .api
+        .describe_security_groups(&[("vpc-id", &v[..])])
+        .await?;
+    let tagged: BTreeSet<String> = groups
+        .iter()
+        .filter(|g| tags::has_cluster_tag(&g.tags, cluster_id))
+        .map(|g| g.id.clone())
+        .collect();
+    let used = if deleting {
+        BTreeSet::new()
+    } else {
+        reached_through(cx, instances, &tagged).await?
+    };
+    let rule = GroupRule {
+        protocol: "-1".into(),
+        from: -1,
+        to: -1,
+        group_id: lb_group.to_string(),
+    };
+    for g in &groups {
+        if g.id == lb_group || cx.config.elb_security_group.as_deref() == Some(g.id.as_str()) {
+            continue;
+        }
+        let has = g
+            .from_groups
+            .iter()
+            .any(|r| r.group_id == lb_group && r.protocol == "-1");
+        let want = used.contains(&g.id);
+        if want && !has {
+            log::info!(
+                "aws: security group {}: allowing load balancer group {lb_group}",
+                g.id
+            );
+            match cx
+                .api
+                .authorize_group_ingress(&g.id, std::slice::from_ref(&rule))
+                .await
+            {
+                Err(e) if e.code() == "InvalidPermission.Duplicate" => {}
+                other => other?,
+            }
+        } else if !want && has && mode == RuleSync::Exact && (deleting || tagged.contains(&g.id)) {
+            log::info!(
+                "aws: security group {}: removing the rule of load balancer group {lb_group}",
+                g.id
+            );
+            match cx
+                .api
+                .revoke_group_ingress(&g.id, std::slice::from_ref(&rule))
+                .await
+            {
+                Err(e) if e.code() == "InvalidPermission.NotFound" => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The name of the AWS CCM's per-ELB security group of a classic ELB.
+pub fn elb_group_name(lb_name: &str) -> String {
+    format!("k8s-elb-{lb_name}")
+}
+
+/// The description the AWS CCM gives it.
+pub fn elb_group_description(lb_name: &str, service: &str) -> String {
+    format!("Security group for Kubernetes ELB {lb_name} ({service})")
+}
+
+/// The per-ELB security group `k8s-elb-<lb_name>` of a classic ELB in `vpc`, found by name
+/// (its cluster tag read-repaired, as the AWS CCM does; a group tagged for the cluster with
+/// another value than `owned`, e.g. `shared`, is an error) or created with the AWS CCM's
+/// description and tags (`kubernetes.io/cluster/<id>=owned` + `additional`). Returns the group
+/// and whether it was created.
+pub async fn ensure_elb_group(
+    cx: &AwsContext,
+    cluster_id: &str,
+    lb_name: &str,
+    service: &str,
+    vpc: &str,
+    additional: &BTreeMap<String, String>,
+) -> Result<(SecurityGroup, bool)> {
+    let name = elb_group_name(lb_name);
+    if let Some(g) = find_group(cx, &name, vpc).await? {
+        let key = tags::cluster_tag(cluster_id);
+        match g.tags.get(&key).map(String::as_str) {
+            Some(tags::OWNED) => {}
+            None => {
+                let add: BTreeMap<String, String> = [(key, tags::OWNED.to_string())].into();
+                cx.api.create_tags(&g.id, &add).await?;
+            }
+            Some(other) => {
+                return Err(ProviderError::other(format!(
+                    "security group {name} ({}) is tagged {key}={other}: resource has tag belonging to another cluster; it is left alone",
+                    g.id
+                )))
+            }
+        }
+        return Ok((g, false));
+    }
+    let mut group_tags = additional.clone();
+    group_tags.insert(tags::cluster_tag(cluster_id), tags::OWNED.to_string());
+    log::info!("aws: creating security group {name} for service {service} in {vpc}");
+    let id = match cx
+        .api
+        .create_security_group(
+            &name,
+            &elb_group_description(lb_name, service),
+            vpc,
+            &group_tags,
+        )
+        .await
+    {
+        Ok(id) => id,
+        // Made meanwhile (another ensure of the same Service): use it.
+        Err(e) if e.code() == "InvalidGroup.Duplicate" => {
+            return match find_group(cx, &name, vpc).await? {
+                Some(g) => Ok((g, false)),
+                None => Err(e.into()),
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok((
+        SecurityGroup {
+            id,
+            name,
+            description: elb_group_description(lb_name, service),
+            vpc_id: vpc.to_string(),
+            ingress: Vec::new(),
+            from_groups: Vec::new(),
+            tags: group_tags,
+        },
+        true,
+    ))
+}
+
+/// The security group named `name` in `vpc`.
+pub async fn find_group(cx: &AwsContext, name: &str, vpc: &str) -> Result<Option<SecurityGroup>> {
+    let n = [name.to_string()];
+    let v = [vpc.to_string()];
+    Ok(cx
+        .api
+        .describe_security_groups(&[("group-name", &n[..]), ("vpc-id", &v[..])])
+        .await?
+        .into_iter()
+        .find(|g| g.name == name))
+}
+
+/// Make the ingress of the per-ELB group `g` exactly: each `(protocol, port)` from each of
+/// `ranges`, plus ICMP type 3 code 4 ("fragmentation needed", for path MTU discovery) from the
+/// same ranges, without descriptions; anything else on it is revoked (the AWS CCM owns the
+/// group whole).
+pub async fn sync_elb_group_ingress(
+    cx: &AwsContext,
+    g: &SecurityGroup,
+    ports: &[(String, u16)],
+    ranges: &[String],
+) -> Result<()> {
+    let mut wanted: BTreeSet<IngressRule> = BTreeSet::new();
+    for cidr in ranges {
+        for (protocol, port) in ports {
+            wanted.insert(IngressRule {
+                protocol: protocol.clone(),
+                from: i32::from(*port),
+                to: i32::from(*port),
+                cidr: cidr.clone(),
+                description: String::new(),
+            });
+        }
+        wanted.insert(IngressRule {
+            protocol: "icmp".into(),
+            from: 3,
+            to: 4,
+            cidr: cidr.clone(),
+            description: String::new(),
+        });
+    }
+    let actual: BTreeSet<IngressRule> = g.ingress.iter().cloned().collect();
+    let add: Vec<IngressRule> = wanted.difference(&actual).cloned().collect();
+    let remove: Vec<IngressRule> = actual.difference(&wanted).cloned().collect();
+    if !add.is_empty() || !remove.is_empty() || !g.from_groups.is_empty() {
+        log::info!(
+            "aws: security group {}: {} rules added, {} removed",
+            g.id,
+            add.len(),
+            remove.len() + g.from_groups.len()
+        );
+    }
+    cx.api.revoke_ingress(&g.id, &remove).await?;
+    cx.api.revoke_group_ingress(&g.id, &g.from_groups).await?;
+    authorize(cx, &g.id, &add).await
+}
+
+/// Delete the security group `id` if it carries `kubernetes.io/cluster/<id>=owned` (or the
+/// legacy tag), trying again every 5 s while AWS answers `DependencyViolation` (the ELB's
+/// network interfaces go away a little after the ELB), as the AWS CCM does; the host's call
+/// deadline bounds the wait (the next deletion attempt finds the group by name).
+pub async fn delete_owned_group(
+    cx: &AwsContext,
+    cluster_id: &str,
+    g: &SecurityGroup,
+) -> Result<()> {
+    let owned = g
+        .tags
+        .get(&tags::cluster_tag(cluster_id))
+        .map(String::as_str)
+        == Some(tags::OWNED)
+        || g.tags.get(tags::LEGACY_CLUSTER_TAG).map(String::as_str) == Some(cluster_id);
+    if !owned {
+        log::info!(
+            "aws: security group {} ({}) is not owned by cluster {cluster_id}; left alone",
+            g.id,
+            g.name
+        );
+        return Ok(());
+    }
+    loop {
+        match cx.api.delete_security_group(&g.id).await {
+            Ok(()) => {
+                log::info!("aws: deleted security group {} ({})", g.id, g.name);
+                return Ok(());
+            }
+            Err(e) if e.code() == "DependencyViolation" => {
+                log::info!(
+                    "aws: security group {} is still in use ({e}); trying again in 5 s",
+                    g.id
+                );
+                tokio::time::sleep(DELETE_RETRY).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Pause between attempts to delete a security group still in use (the AWS CCM's 5 s poll).
+pub const DELETE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// AuthorizeSecurityGroupIngress; when AWS answers `InvalidPermission.Duplicate` (the same
 /// protocol, ports and source already allowed, e.g. by another rule description), the rules are
 /// sent one by one and the duplicates skipped.
-async fn authorize(cx: &AwsContext, group: &str, rules: &[IngressRule]) -> Result<()> {
+pub async fn authorize(cx: &AwsContext, group: &str, rules: &[IngressRule]) -> Result<()> {
     match cx.api.authorize_ingress(group, rules).await {
         Err(e) if e.code() == "InvalidPermission.Duplicate" => {
             for r in rules {

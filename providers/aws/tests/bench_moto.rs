@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use ccm_host::controllers::{node, service, ControllerConfig};
 use ccm_provider_abi::ext::InstanceQuery;
+use ccm_provider_aws::api::Params;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
@@ -164,11 +165,26 @@ async fn aws_node_init() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with --ignored"]
 async fn aws_load_balancers() {
+    // `BENCH_AWS_LB_TYPES`: which load balancers, in order (classic: no type annotation, the
+    // AWS CCM's default; nlb: `aws-load-balancer-type: nlb`).
+    let kinds = std::env::var("BENCH_AWS_LB_TYPES").unwrap_or_else(|_| "classic,nlb".into());
+    let moto = shared_moto();
+    for kind in kinds.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+        moto.moto.reset();
+        load_balancers(moto.moto, kind).await;
+    }
+}
+
+async fn load_balancers(moto: &Moto, kind: &str) {
     let services_n = env_usize("BENCH_AWS_SERVICES", 50);
     let nodes_n = env_usize("BENCH_AWS_LB_NODES", 10);
     let workers = env_usize("BENCH_AWS_SERVICE_WORKERS", 1);
-    let moto = shared_moto();
-    let env = AwsEnv::start(moto.moto).await;
+    let env = AwsEnv::start(moto).await;
+    let annotations = if kind == "nlb" {
+        json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"})
+    } else {
+        json!({})
+    };
     let instances = run_instances(&env.api, &env.cloud, nodes_n, 0, "m5.large").await;
     for i in &instances {
         env.seed_node(
@@ -188,7 +204,7 @@ async fn aws_load_balancers() {
     for k in 0..services_n {
         let svc: Service = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": format!("svc-{k}"), "namespace": "default"},
+            "metadata": {"name": format!("svc-{k}"), "namespace": "default", "annotations": annotations},
             "spec": {"type": "LoadBalancer", "selector": {"app": "x"},
                      "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30000 + k}]},
         }))
@@ -199,7 +215,7 @@ async fn aws_load_balancers() {
     let started = Instant::now();
     tokio::spawn(service::run(ctx.clone()));
     eventually_async(
-        "every Service has its NLB",
+        "every Service has its load balancer",
         Duration::from_secs(900),
         || async {
             let list = api.list(&Default::default()).await.unwrap();
@@ -227,7 +243,7 @@ async fn aws_load_balancers() {
         .map(|(k, v)| format!("{k}:{v}"))
         .collect();
     println!(
-        "BENCH aws_load_balancers phase=ensure services={services_n} nodes={nodes_n} workers={workers} secs={secs:.2} aws_calls={calls} calls_per_service={:.1} by_action={}",
+        "BENCH aws_load_balancers type={kind} phase=ensure services={services_n} nodes={nodes_n} workers={workers} secs={secs:.2} aws_calls={calls} calls_per_service={:.1} by_action={}",
         calls as f64 / services_n as f64,
         detail.join(",")
     );
@@ -240,7 +256,7 @@ async fn aws_load_balancers() {
             .unwrap();
     }
     eventually_async(
-        "every Service and NLB gone",
+        "every Service and load balancer gone",
         Duration::from_secs(900),
         || async {
             let left = api.list(&Default::default()).await.unwrap().items.len();
@@ -255,14 +271,45 @@ async fn aws_load_balancers() {
         "LoadBalancerArn",
     );
     let tgs = env.api.all_target_groups().await.unwrap();
-    assert!(
-        lbs.is_empty() && tgs.is_empty(),
-        "leaked: {} NLBs, {} target groups",
-        lbs.len(),
-        tgs.len()
+    let classic = all(
+        &env.api
+            .call(
+                &env.api.elb.clone(),
+                "DescribeLoadBalancers",
+                &Params::new(),
+            )
+            .await
+            .unwrap(),
+        "LoadBalancerName",
     );
+    let v = [env.cloud.vpc.clone()];
+    let elb_groups: Vec<String> = env
+        .api
+        .describe_security_groups(&[("vpc-id", &v[..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|g| g.name.starts_with("k8s-elb-"))
+        .map(|g| g.id)
+        .collect();
+    assert!(
+        lbs.is_empty() && tgs.is_empty() && classic.is_empty() && elb_groups.is_empty(),
+        "leaked: {} NLBs, {} target groups, {} classic ELBs, {} ELB security groups",
+        lbs.len(),
+        tgs.len(),
+        classic.len(),
+        elb_groups.len()
+    );
+    let detail: Vec<String> = env
+        .proxy
+        .counts()
+        .iter()
+        .filter(|(k, _)| !k.starts_with('@'))
+        .map(|(k, v)| format!("{k}:{v}"))
+        .collect();
     println!(
-        "BENCH aws_load_balancers phase=delete services={services_n} secs={secs:.2} aws_calls={calls} calls_per_service={:.1} leaked=0",
+        "BENCH aws_load_balancers type={kind} phase=delete by_action={} services={services_n} secs={secs:.2} aws_calls={calls} calls_per_service={:.1} leaked=0",
+        detail.join(","),
         calls as f64 / services_n as f64
     );
 }

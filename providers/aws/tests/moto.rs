@@ -3,7 +3,11 @@
 //! Node deleted), NLBs for LoadBalancer Services (target groups and listeners per port,
 //! targets following the nodes, deletion without leaks, foreign load balancers left alone,
 //! unknown and invalid annotations, adoption of what the AWS CCM made, the nodes'
-//! security-group rules), routes, wrong and rotated credentials, throttling, deadlines.
+//! security-group rules), classic ELBs (the default: listeners, health check, attributes,
+//! policies, the per-ELB security group and the nodes' rule, annotated and configured groups,
+//! adoption of a boto3 set-up written from the AWS CCM's code, a refused type change), an
+//! invalid value blocking only its own change, ABI 1.2 incremental host updates, routes, wrong
+//! and rotated credentials, throttling, deadlines.
 //!
 //! moto is started by `support` (installed by `.ci/run`); a missing moto fails these tests.
 
@@ -160,11 +164,18 @@ async fn a_stopped_instance_is_tainted_and_a_terminated_one_deletes_its_node() {
 
 // ---- Load balancers ---------------------------------------------------------------------------
 
+/// A LoadBalancer Service with a TCP and a UDP port, an NLB (`aws-load-balancer-type: nlb`
+/// unless `annotations` give another type).
 fn lb_service(
     name: &str,
-    annotations: serde_json::Value,
+    mut annotations: serde_json::Value,
     extra_spec: serde_json::Value,
 ) -> Service {
+    annotations
+        .as_object_mut()
+        .expect("annotations are an object")
+        .entry("service.beta.kubernetes.io/aws-load-balancer-type")
+        .or_insert(json!("nlb"));
     let mut s = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": "default", "annotations": annotations},
@@ -1572,4 +1583,1034 @@ async fn source_ranges_end_as_exactly_those_cidrs_on_the_nodes_security_group() 
         "{rules:?}"
     );
     assert!(rules.contains(&manual), "{rules:?}");
+}
+
+// ---- Classic ELB ------------------------------------------------------------------------------
+
+/// A LoadBalancer Service without a type annotation (a classic ELB), two TCP ports.
+fn classic_service(
+    name: &str,
+    annotations: serde_json::Value,
+    extra_spec: serde_json::Value,
+) -> Service {
+    let mut s = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": {"app": name},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080},
+                {"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP", "nodePort": 30443},
+            ],
+        },
+    });
+    merge(&mut s, json!({"spec": extra_spec}));
+    serde_json::from_value(s).unwrap()
+}
+
+/// The security group `id` as described (`None`: gone).
+async fn security_group(
+    env: &AwsEnv,
+    id: &str,
+) -> Option<ccm_provider_aws::api::ec2::SecurityGroup> {
+    let v = [env.cloud.vpc.clone()];
+    env.api
+        .describe_security_groups(&[("vpc-id", &v[..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|g| g.id == id)
+}
+
+/// Create a security group in the test VPC (untagged), return its ID.
+async fn make_group(env_api: &ccm_provider_aws::api::AwsClient, vpc: &str, name: &str) -> String {
+    first(
+        &ec2(
+            env_api,
+            "CreateSecurityGroup",
+            &[
+                ("GroupName", name),
+                ("GroupDescription", "made by the test"),
+                ("VpcId", vpc),
+            ],
+        )
+        .await,
+        "groupId",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_without_a_type_gets_a_classic_elb_with_its_security_group_and_leaves_nothing_behind(
+) {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let mut instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    instances.extend(run_instances(&env.api, &env.cloud, 1, 1, "m5.large").await);
+    let names = ready_nodes(&env, &instances);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    // A rule of someone else's on the nodes' group: never touched.
+    ec2(
+        &env.api,
+        "AuthorizeSecurityGroupIngress",
+        &[
+            ("GroupId", &node_sg),
+            ("IpPermissions.1.IpProtocol", "tcp"),
+            ("IpPermissions.1.FromPort", "22"),
+            ("IpPermissions.1.ToPort", "22"),
+            ("IpPermissions.1.IpRanges.1.CidrIp", "203.0.113.0/24"),
+        ],
+    )
+    .await;
+    let foreign_rules = sg_rules(&env, &node_sg).await;
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let a = |k: &str| format!("service.beta.kubernetes.io/aws-load-balancer-{k}");
+    env.proxy.clear_counts();
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service(
+                "shop",
+                json!({
+                    a("additional-resource-tags"): "team=shop",
+                    a("cross-zone-load-balancing-enabled"): "true",
+                    a("connection-draining-enabled"): "true",
+                    a("connection-draining-timeout"): "30",
+                    a("connection-idle-timeout"): "120",
+                    a("proxy-protocol"): "*",
+                    a("healthcheck-interval"): "20",
+                }),
+                json!({"loadBalancerSourceRanges": ["10.1.0.0/16", "192.168.5.0/24"]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let hostname = eventually_async("the Service's ingress hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "shop").await)
+    })
+    .await;
+    let ensure_calls = env.proxy.counts();
+    let svc = stored_service(&env, "shop").await;
+    let name = lb_name_of(&svc);
+    let lb = env
+        .api
+        .describe_classic(&name)
+        .await
+        .unwrap()
+        .expect("the classic ELB exists");
+    assert!(
+        env.api
+            .describe_load_balancer(&name)
+            .await
+            .unwrap()
+            .is_none(),
+        "no NLB"
+    );
+    assert_eq!(lb.dns_name, hostname);
+    assert_eq!(lb.scheme, "internet-facing");
+    let mut subnets = lb.subnets.clone();
+    subnets.sort();
+    let mut want_subnets: Vec<String> = env.cloud.subnets.iter().map(|(_, s)| s.clone()).collect();
+    want_subnets.sort();
+    assert_eq!(subnets, want_subnets, "one subnet per zone");
+    // Listeners Service port → NodePort over TCP, the health check on the first NodePort with
+    // the AWS CCM's classic defaults (2/6/5 s) and the annotated interval.
+    let mut listeners: Vec<(u16, String, u16, String)> = lb
+        .listeners
+        .iter()
+        .map(|(l, _)| {
+            (
+                l.port,
+                l.protocol.to_ascii_lowercase(),
+                l.instance_port,
+                l.instance_protocol.to_ascii_lowercase(),
+            )
+        })
+        .collect();
+    listeners.sort();
+    assert_eq!(
+        listeners,
+        vec![
+            (80, "tcp".into(), 30080, "tcp".into()),
+            (443, "tcp".into(), 30443, "tcp".into())
+        ]
+    );
+    let hc = lb.health_check.clone().expect("a health check");
+    assert_eq!(
+        (
+            hc.target.as_str(),
+            hc.healthy_threshold,
+            hc.unhealthy_threshold,
+            hc.timeout,
+            hc.interval
+        ),
+        ("TCP:30080", 2, 6, 5, 20)
+    );
+    let ids: BTreeSet<String> = instances.iter().map(|i| i.id.clone()).collect();
+    assert_eq!(lb.instances.iter().cloned().collect::<BTreeSet<_>>(), ids);
+    let attrs = env.api.classic_attributes(&name).await.unwrap();
+    assert!(attrs.cross_zone && attrs.draining && !attrs.access_log);
+    assert_eq!(
+        (attrs.draining_timeout, attrs.idle_timeout),
+        (Some(30), 120)
+    );
+    // Proxy protocol on both backends through the AWS CCM's policy.
+    assert!(lb
+        .policies
+        .contains(&"k8s-proxyprotocol-enabled".to_string()));
+    for port in [30080u16, 30443] {
+        assert_eq!(
+            lb.backend_policies.get(&port).cloned().unwrap_or_default(),
+            vec!["k8s-proxyprotocol-enabled".to_string()],
+            "backend {port}"
+        );
+    }
+    let tags = env
+        .api
+        .classic_tags(std::slice::from_ref(&name))
+        .await
+        .unwrap()
+        .remove(&name)
+        .unwrap();
+    assert_eq!(
+        tags.get(&format!("kubernetes.io/cluster/{CLUSTER}"))
+            .map(String::as_str),
+        Some("owned")
+    );
+    assert_eq!(
+        tags.get("kubernetes.io/service-name").map(String::as_str),
+        Some("default/shop")
+    );
+    assert_eq!(tags.get("team").map(String::as_str), Some("shop"));
+
+    // The per-ELB security group as the AWS CCM makes it: name, description, tags (no
+    // service-name), ingress exactly the Service ports and ICMP 3/4 from the source ranges.
+    assert_eq!(lb.security_groups.len(), 1);
+    let elb_sg = security_group(&env, &lb.security_groups[0])
+        .await
+        .expect("the ELB's group");
+    assert_eq!(elb_sg.name, format!("k8s-elb-{name}"));
+    assert_eq!(
+        elb_sg.description,
+        format!("Security group for Kubernetes ELB {name} (default/shop)")
+    );
+    assert_eq!(
+        elb_sg
+            .tags
+            .get(&format!("kubernetes.io/cluster/{CLUSTER}"))
+            .map(String::as_str),
+        Some("owned")
+    );
+    assert_eq!(elb_sg.tags.get("team").map(String::as_str), Some("shop"));
+    assert!(!elb_sg.tags.contains_key("kubernetes.io/service-name"));
+    let rules: BTreeSet<String> = elb_sg
+        .ingress
+        .iter()
+        .map(|r| {
+            format!(
+                "{}:{}-{}:{}:{}",
+                r.protocol, r.from, r.to, r.cidr, r.description
+            )
+        })
+        .collect();
+    let mut want = BTreeSet::new();
+    for cidr in ["10.1.0.0/16", "192.168.5.0/24"] {
+        want.insert(format!("tcp:80-80:{cidr}:"));
+        want.insert(format!("tcp:443-443:{cidr}:"));
+        want.insert(format!("icmp:3-4:{cidr}:"));
+    }
+    assert_eq!(rules, want);
+    // The nodes' group allows the ELB's group (all traffic, no description).
+    let node_group = security_group(&env, &node_sg).await.unwrap();
+    assert!(
+        node_group
+            .from_groups
+            .iter()
+            .any(|r| r.group_id == elb_sg.id && r.protocol == "-1"),
+        "{node_group:?}"
+    );
+    println!("classic ensure calls: {ensure_calls:?}");
+
+    // The host-set read-back.
+    let cloud = in_process(&env).await;
+    let svc2 = svc.clone();
+    let hosts = tokio::task::spawn_blocking(move || {
+        use ccm_provider_abi::sdk::CloudProvider;
+        cloud.load_balancer().unwrap().load_balancer_hosts(
+            &ccm_provider_abi::CallContext::background(),
+            CLUSTER,
+            &svc2,
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap()
+    .expect("the ELB exists");
+    let mut want_hosts = names.clone();
+    want_hosts.sort();
+    assert_eq!(hosts, want_hosts);
+
+    // Instances follow the nodes: a new one registered, a deleted one deregistered.
+    let more = run_instances(&env.api, &env.cloud, 1, 1, "m5.large").await;
+    ready_nodes(&env, &more);
+    let with_new: BTreeSet<String> = ids.iter().cloned().chain([more[0].id.clone()]).collect();
+    eventually_async("the new node registered", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        (lb.instances.iter().cloned().collect::<BTreeSet<_>>() == with_new).then_some(())
+    })
+    .await;
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .delete(&names[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the deleted node deregistered", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        // (As a set: moto lists an instance twice when a node sync and a service sync both
+        // registered it; AWS keeps one.)
+        let now: BTreeSet<&String> = lb.instances.iter().collect();
+        (!now.contains(&instances[0].id) && now.len() == 3).then_some(())
+    })
+    .await;
+
+    // New source ranges: the ELB's group allows exactly those.
+    services
+        .patch(
+            "shop",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"loadBalancerSourceRanges": ["172.16.0.0/12"]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually_async("only the new range in the ELB's group", WAIT, || async {
+        let g = security_group(&env, &elb_sg.id).await?;
+        let cidrs: BTreeSet<&str> = g.ingress.iter().map(|r| r.cidr.as_str()).collect();
+        (cidrs == BTreeSet::from(["172.16.0.0/12"]) && g.ingress.len() == 3).then_some(())
+    })
+    .await;
+
+    // Deletion: the ELB, its group and the nodes' rule gone; the foreign rule kept. The first
+    // DeleteSecurityGroup answers DependencyViolation (the ELB's interfaces still there on
+    // AWS; moto never says so): the deletion tries again.
+    env.proxy.clear_counts();
+    env.proxy
+        .fail_next(1, "DeleteSecurityGroup", "DependencyViolation");
+    services
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("the Service gone (finalizer removed)", WAIT, || async {
+        services
+            .get_opt("shop")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let delete_calls = env.proxy.counts();
+    println!("classic delete calls: {delete_calls:?}");
+    assert!(env.api.describe_classic(&name).await.unwrap().is_none());
+    assert!(
+        security_group(&env, &elb_sg.id).await.is_none(),
+        "the ELB's group deleted"
+    );
+    assert_eq!(delete_calls.get("!DependencyViolation"), Some(&1));
+    assert_eq!(delete_calls.get("DeleteSecurityGroup"), Some(&2));
+    let node_group = security_group(&env, &node_sg).await.unwrap();
+    assert!(node_group.from_groups.is_empty(), "{node_group:?}");
+    assert_eq!(sg_rules(&env, &node_sg).await, foreign_rules);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_security_groups_from_annotations_and_config_are_used_and_never_deleted() {
+    let moto = shared_moto();
+    let api = direct_client(&moto.moto.url());
+    let cloud = make_cloud(&api).await;
+    let global = make_group(&api, &cloud.vpc, "global-elb").await;
+    let annotated = make_group(&api, &cloud.vpc, "annotated").await;
+    let extra = make_group(&api, &cloud.vpc, "extra").await;
+    let env = AwsEnv::on_cloud(
+        moto.moto,
+        api,
+        cloud,
+        EnvOptions {
+            extra_global: format!(
+                "ElbSecurityGroup = {global}\nDisableSecurityGroupIngress = true"
+            ),
+            ..Default::default()
+        },
+    )
+    .await;
+    let instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    let groups_before: Vec<_> = futures_all(&env, &[&global, &annotated, &extra, &node_sg]).await;
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let a = |k: &str| format!("service.beta.kubernetes.io/aws-load-balancer-{k}");
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service("global", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service(
+                "annotated",
+                json!({a("security-groups"): annotated.clone(), a("extra-security-groups"): extra.clone()}),
+                json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+    for name in ["global", "annotated"] {
+        eventually_async(&format!("{name}'s hostname"), WAIT, || async {
+            ingress_hostname(&stored_service(&env, name).await)
+        })
+        .await;
+    }
+    let lb = |n: &str| {
+        let api = &env.api;
+        let n = n.to_string();
+        async move { api.describe_classic(&n).await.unwrap().unwrap() }
+    };
+    let g_name = lb_name_of(&stored_service(&env, "global").await);
+    let a_name = lb_name_of(&stored_service(&env, "annotated").await);
+    assert_eq!(lb(&g_name).await.security_groups, vec![global.clone()]);
+    assert_eq!(
+        lb(&a_name).await.security_groups,
+        vec![annotated.clone(), extra.clone()]
+    );
+    // No per-ELB group made; the given groups and the nodes' group unchanged
+    // (DisableSecurityGroupIngress: no node rule).
+    let all_names: Vec<String> = env
+        .api
+        .describe_security_groups(&[("vpc-id", &[env.cloud.vpc.clone()][..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert!(
+        !all_names.iter().any(|n| n.starts_with("k8s-elb-")),
+        "{all_names:?}"
+    );
+    assert_eq!(
+        futures_all(&env, &[&global, &annotated, &extra, &node_sg]).await,
+        groups_before
+    );
+    for name in ["global", "annotated"] {
+        services
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for name in ["global", "annotated"] {
+        eventually_async(&format!("{name} gone"), WAIT, || async {
+            services
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+    assert!(env.api.describe_classic(&g_name).await.unwrap().is_none());
+    assert!(env.api.describe_classic(&a_name).await.unwrap().is_none());
+    assert_eq!(
+        futures_all(&env, &[&global, &annotated, &extra, &node_sg]).await,
+        groups_before,
+        "the given groups are never changed or deleted"
+    );
+}
+
+/// The groups `ids` as described (`None` for a missing one).
+async fn futures_all(
+    env: &AwsEnv,
+    ids: &[&String],
+) -> Vec<Option<ccm_provider_aws::api::ec2::SecurityGroup>> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(security_group(env, id).await);
+    }
+    out
+}
+
+/// What the AWS CCM's `ensureLoadBalancer` (`pkg/providers/v1/aws_loadbalancer.go`, classic
+/// path) leaves for a Service with two TCP ports and no annotation, made with boto3 from
+/// that code, not from this provider's: the per-ELB group (`ensureSecurityGroup` with its
+/// name, description and cluster tag; `setSecurityGroupIngress`: each port and ICMP 3/4 from
+/// `0.0.0.0/0`), the ELB (`buildListener` tcp/tcp listeners, the cluster subnets, the group,
+/// the ownership tags; no `Scheme` when internet-facing), `ensureLoadBalancerHealthCheck`
+/// (`TCP:<first NodePort>`, 2/6/5/10), the default attributes, the instances, and
+/// `updateInstanceSecurityGroupsForLoadBalancer` (all traffic from the ELB's group on the
+/// nodes' group).
+const AWS_CCM_CLASSIC_SETUP: &str = r#"
+import sys, boto3
+url, cluster, lb, svc, vpc, node_sg = sys.argv[1:7]
+subnets = sys.argv[7].split(",")
+instances = sys.argv[8].split(",")
+ec2 = boto3.client("ec2", endpoint_url=url, region_name="us-east-1")
+elb = boto3.client("elb", endpoint_url=url, region_name="us-east-1")
+cluster_tag = {"Key": "kubernetes.io/cluster/" + cluster, "Value": "owned"}
+sg = ec2.create_security_group(GroupName="k8s-elb-" + lb, VpcId=vpc,
+    Description="Security group for Kubernetes ELB %s (%s)" % (lb, svc))["GroupId"]
+ec2.create_tags(Resources=[sg], Tags=[cluster_tag])
+perms = [{"IpProtocol": "tcp", "FromPort": p, "ToPort": p, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]} for p in (80, 443)]
+perms.append({"IpProtocol": "icmp", "FromPort": 3, "ToPort": 4, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]})
+ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=perms)
+elb.create_load_balancer(LoadBalancerName=lb,
+    Listeners=[{"Protocol": "tcp", "LoadBalancerPort": 80, "InstanceProtocol": "tcp", "InstancePort": 30080},
+               {"Protocol": "tcp", "LoadBalancerPort": 443, "InstanceProtocol": "tcp", "InstancePort": 30443}],
+    Subnets=subnets, SecurityGroups=[sg],
+    Tags=[{"Key": "kubernetes.io/service-name", "Value": svc}, cluster_tag])
+elb.configure_health_check(LoadBalancerName=lb, HealthCheck={"Target": "TCP:30080",
+    "HealthyThreshold": 2, "UnhealthyThreshold": 6, "Timeout": 5, "Interval": 10})
+elb.modify_load_balancer_attributes(LoadBalancerName=lb, LoadBalancerAttributes={
+    "CrossZoneLoadBalancing": {"Enabled": False}, "AccessLog": {"Enabled": False},
+    "ConnectionDraining": {"Enabled": False}, "ConnectionSettings": {"IdleTimeout": 60}})
+elb.register_instances_with_load_balancer(LoadBalancerName=lb, Instances=[{"InstanceId": i} for i in instances])
+ec2.authorize_security_group_ingress(GroupId=node_sg, IpPermissions=[{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg}]}])
+print(sg)
+"#;
+
+/// The classic ELB state adoption must not change: the ELB (but its instances) and every
+/// security group of the VPC with its rules.
+async fn classic_state(env: &AwsEnv, name: &str) -> (String, Vec<String>) {
+    let mut lb = env
+        .api
+        .describe_classic(name)
+        .await
+        .unwrap()
+        .expect("the ELB");
+    lb.instances.clear();
+    let attrs = env.api.classic_attributes(name).await.unwrap();
+    let tags = env.api.classic_tags(&[name.to_string()]).await.unwrap();
+    let v = [env.cloud.vpc.clone()];
+    let mut groups: Vec<String> = env
+        .api
+        .describe_security_groups(&[("vpc-id", &v[..])])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|mut g| {
+            g.ingress.sort();
+            g.from_groups.sort();
+            format!("{g:?}")
+        })
+        .collect();
+    groups.sort();
+    (format!("{lb:?} {attrs:?} {tags:?}"), groups)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_elb_the_aws_ccm_made_is_adopted_without_creating_or_deleting_anything() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 3, 0, "m5.large").await;
+    ready_nodes(&env, &instances[..2]);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    // The Service the AWS CCM served: it exists before ccm-host starts.
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let svc = services
+        .create(
+            &PostParams::default(),
+            &classic_service("legacy", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    let uid = svc.metadata.uid.clone().unwrap().replace('-', "");
+    let lb_name: String = format!("a{uid}").chars().take(32).collect();
+    let python = moto_server_path().parent().unwrap().join("python");
+    let subnets: Vec<String> = env.cloud.subnets.iter().map(|(_, s)| s.clone()).collect();
+    let ids: Vec<String> = instances[..2].iter().map(|i| i.id.clone()).collect();
+    let out = std::process::Command::new(python)
+        .arg("-c")
+        .arg(AWS_CCM_CLASSIC_SETUP)
+        .args([
+            &moto.moto.url(),
+            CLUSTER,
+            &lb_name,
+            "default/legacy",
+            &env.cloud.vpc,
+            &node_sg,
+            &subnets.join(","),
+            &ids.join(","),
+        ])
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env_remove("AWS_PROFILE")
+        .output()
+        .expect("python of the moto venv");
+    assert!(
+        out.status.success(),
+        "boto3 set-up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let elb_sg = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let before = classic_state(&env, &lb_name).await;
+
+    // ccm-host takes over (same cluster ID): the Service gets the existing ELB's hostname.
+    env.proxy.clear_counts();
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let lb = env.api.describe_classic(&lb_name).await.unwrap().unwrap();
+    let hostname = eventually_async(
+        "the adopted ELB's hostname on the Service",
+        WAIT,
+        || async { ingress_hostname(&stored_service(&env, "legacy").await) },
+    )
+    .await;
+    assert_eq!(hostname, lb.dns_name);
+    let adopt_calls = env.proxy.counts();
+    // Instances are then maintained: a new node is registered.
+    ready_nodes(&env, &instances[2..3]);
+    let all_ids: BTreeSet<String> = instances.iter().map(|i| i.id.clone()).collect();
+    eventually_async("the new node registered", WAIT, || async {
+        let lb = env.api.describe_classic(&lb_name).await.unwrap()?;
+        (lb.instances.iter().cloned().collect::<BTreeSet<_>>() == all_ids).then_some(())
+    })
+    .await;
+    assert_eq!(
+        classic_state(&env, &lb_name).await,
+        before,
+        "nothing created, changed or deleted"
+    );
+    let counts = env.proxy.counts();
+    let changed: Vec<(&String, &u64)> = counts
+        .iter()
+        .filter(|(k, _)| {
+            [
+                "Create",
+                "Delete",
+                "Modify",
+                "Authorize",
+                "Revoke",
+                "Configure",
+                "Apply",
+                "Set",
+                "Attach",
+                "Detach",
+                "Add",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p))
+        })
+        .collect();
+    assert!(changed.is_empty(), "changes: {counts:?}");
+    // The new node (a node sync and a service sync running at once may both send it).
+    assert!(
+        counts
+            .get("RegisterInstancesWithLoadBalancer")
+            .is_some_and(|n| *n >= 1),
+        "{counts:?}"
+    );
+    let groups = env
+        .api
+        .describe_security_groups(&[("vpc-id", &[env.cloud.vpc.clone()][..])])
+        .await
+        .unwrap();
+    assert!(groups.iter().any(|g| g.id == elb_sg));
+    println!("classic adoption calls: {adopt_calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_annotation_value_blocks_only_its_own_change() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 2, 0, "m5.large").await;
+    ready_nodes(&env, &instances[..1]);
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let interval = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval";
+    let cross_zone =
+        "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled";
+    let idle = "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service("tuned", json!({interval: "20"}), json!({})),
+        )
+        .await
+        .unwrap();
+    eventually_async("tuned's hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "tuned").await)
+    })
+    .await;
+    let name = lb_name_of(&stored_service(&env, "tuned").await);
+    let lb = env.api.describe_classic(&name).await.unwrap().unwrap();
+    assert_eq!(lb.health_check.unwrap().interval, 20);
+
+    // One invalid value and two valid changes at once, and a new node.
+    services
+        .patch(
+            "tuned",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {interval: "soon", cross_zone: "true", idle: "90"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    ready_nodes(&env, &instances[1..2]);
+    eventually_async(
+        "the valid changes applied and the new node registered",
+        WAIT,
+        || async {
+            let a = env.api.classic_attributes(&name).await.unwrap();
+            let lb = env.api.describe_classic(&name).await.unwrap()?;
+            // (A set: see the classic test; moto may list an instance twice.)
+            let now: BTreeSet<&String> = lb.instances.iter().collect();
+            (a.cross_zone && a.idle_timeout == 90 && now.len() == 2).then_some(())
+        },
+    )
+    .await;
+    // The invalid key's own change is held back: the interval stays the last valid one.
+    let lb = env.api.describe_classic(&name).await.unwrap().unwrap();
+    assert_eq!(lb.health_check.unwrap().interval, 20);
+    let warned = events_of(&env, "tuned", "InvalidAnnotations");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(warned[0]["type"], "Warning");
+    let m = warned[0]["message"].as_str().unwrap();
+    assert!(
+        m.contains(interval) && m.contains("\"soon\"") && m.contains("\"20\""),
+        "{m}"
+    );
+    assert!(
+        events_of(&env, "tuned", "SyncLoadBalancerFailed").is_empty(),
+        "the ensure itself succeeds"
+    );
+
+    // Fixed: the change goes through.
+    services
+        .patch(
+            "tuned",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {interval: "30"}}})),
+        )
+        .await
+        .unwrap();
+    eventually_async("the fixed interval applied", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        (lb.health_check?.interval == 30).then_some(())
+    })
+    .await;
+    assert_eq!(events_of(&env, "tuned", "InvalidAnnotations").len(), 1);
+}
+
+// ---- ABI 1.2 incremental host updates ---------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incremental_host_updates_register_and_deregister_only_the_change() {
+    use ccm_provider_abi::sdk::{CloudProvider, HostChange};
+    use k8s_openapi::api::core::v1::Node;
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 4, 0, "m5.large").await;
+    ec2(
+        &env.api,
+        "StopInstances",
+        &[("InstanceId.1", &instances[3].id)],
+    )
+    .await;
+    let node = |i: &ccm_provider_aws::api::ec2::Instance| -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": i.private_dns.clone().unwrap()},
+            "spec": {"providerID": format!("aws:///{}/{}", i.zone, i.id)}
+        }))
+        .unwrap()
+    };
+    let nodes: Vec<Node> = instances.iter().map(node).collect();
+    let mut classic = classic_service("inc-classic", json!({}), json!({}));
+    classic.metadata.uid = Some("11111111-2222-3333-4444-555555555555".into());
+    let mut nlb = lb_service("inc-nlb", json!({}), json!({}));
+    nlb.metadata.uid = Some("66666666-7777-8888-9999-000000000000".into());
+    nlb.spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    let cloud = std::sync::Arc::new(in_process(&env).await);
+    let call = |f: Box<dyn FnOnce(&ccm_provider_aws::AwsCloud) + Send>| {
+        let cloud = cloud.clone();
+        async move {
+            tokio::task::spawn_blocking(move || f(&cloud))
+                .await
+                .unwrap()
+        }
+    };
+    let ctx = ccm_provider_abi::CallContext::background;
+    for svc in [&classic, &nlb] {
+        let (svc, first) = (svc.clone(), nodes[..2].to_vec());
+        call(Box::new(move |c| {
+            let lb = c.load_balancer().unwrap();
+            assert!(lb.incremental_hosts());
+            lb.ensure_load_balancer(&ctx(), CLUSTER, &svc, &first)
+                .unwrap();
+        }))
+        .await;
+    }
+    let classic_name = lb_name_of(&classic);
+    let nlb_arn = env
+        .api
+        .describe_load_balancer(&lb_name_of(&nlb))
+        .await
+        .unwrap()
+        .unwrap()
+        .arn;
+    let tg = env.api.target_groups_of(&nlb_arn).await.unwrap()[0]
+        .arn
+        .clone();
+    async fn hosts(env: &AwsEnv, name: String, tg: String) -> (BTreeSet<String>, BTreeSet<String>) {
+        let api = &env.api;
+        {
+            let c: BTreeSet<String> = api
+                .describe_classic(&name)
+                .await
+                .unwrap()
+                .unwrap()
+                .instances
+                .into_iter()
+                .collect();
+            let n: BTreeSet<String> = api
+                .targets_of(&tg)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|t| t.id)
+                .collect();
+            (c, n)
+        }
+    }
+    let ids = |idx: &[usize]| -> BTreeSet<String> {
+        idx.iter().map(|i| instances[*i].id.clone()).collect()
+    };
+    assert_eq!(
+        hosts(&env, classic_name.clone(), tg.clone()).await,
+        (ids(&[0, 1]), ids(&[0, 1]))
+    );
+
+    // One node leaves, one joins, a stopped one joins: only the change is sent.
+    env.proxy.clear_counts();
+    let change = HostChange {
+        replace: false,
+        added: vec![nodes[2].clone(), nodes[3].clone()],
+        removed: vec![nodes[0].clone()],
+    };
+    for _ in 0..2 {
+        // Twice: both halves are idempotent.
+        for svc in [&classic, &nlb] {
+            let (svc, change) = (svc.clone(), change.clone());
+            call(Box::new(move |c| {
+                c.load_balancer()
+                    .unwrap()
+                    .update_load_balancer_hosts(&ctx(), CLUSTER, &svc, &change)
+                    .unwrap()
+            }))
+            .await;
+        }
+    }
+    assert_eq!(
+        hosts(&env, classic_name.clone(), tg.clone()).await,
+        (ids(&[1, 2]), ids(&[1, 2]))
+    );
+    let counts = env.proxy.counts();
+    println!("incremental host update calls (twice each): {counts:?}");
+    assert_eq!(counts.get("RegisterInstancesWithLoadBalancer"), Some(&1));
+    assert_eq!(counts.get("DeregisterInstancesFromLoadBalancer"), Some(&1));
+    assert_eq!(counts.get("RegisterTargets"), Some(&2));
+    assert_eq!(counts.get("DeregisterTargets"), Some(&2));
+    // One InvalidTarget: the repeated DeregisterTargets (the stopped instance is never sent).
+    assert_eq!(counts.get("!InvalidTarget"), Some(&1));
+    // The repeat finds the removed target gone (moto: InvalidTarget) and lists the targets once.
+    assert_eq!(counts.get("DescribeTargetHealth"), Some(&1));
+
+    // A whole set replaces the hosts.
+    let replace = HostChange {
+        replace: true,
+        added: vec![nodes[0].clone()],
+        removed: Vec::new(),
+    };
+    for svc in [&classic, &nlb] {
+        let (svc, change) = (svc.clone(), replace.clone());
+        call(Box::new(move |c| {
+            c.load_balancer()
+                .unwrap()
+                .update_load_balancer_hosts(&ctx(), CLUSTER, &svc, &change)
+                .unwrap()
+        }))
+        .await;
+    }
+    assert_eq!(
+        hosts(&env, classic_name.clone(), tg.clone()).await,
+        (ids(&[0]), ids(&[0]))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_type_change_is_refused_and_changes_nothing() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    let mut svc = lb_service("switch", json!({}), json!({}));
+    svc.spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    eventually_async("switch's hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "switch").await)
+    })
+    .await;
+    let name = lb_name_of(&stored_service(&env, "switch").await);
+    // The type annotation removed: the Service now asks for a classic ELB.
+    services
+        .patch(
+            "switch",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": null}}})),
+        )
+        .await
+        .unwrap();
+    let e = eventually("a Warning event about the type change", WAIT, || {
+        events_with(&env, "the load balancer type cannot change")
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(e["involvedObject"]["name"], "switch");
+    assert!(env
+        .api
+        .describe_load_balancer(&name)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(env.api.describe_classic(&name).await.unwrap().is_none());
+    let v = [env.cloud.vpc.clone()];
+    let groups = env
+        .api
+        .describe_security_groups(&[("vpc-id", &v[..])])
+        .await
+        .unwrap();
+    assert!(
+        !groups.iter().any(|g| g.name.starts_with("k8s-elb-")),
+        "no ELB group made"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_classic_elb_moved_to_annotated_groups_deletes_its_own_group() {
+    let moto = shared_moto();
+    let env = AwsEnv::start(moto.moto).await;
+    let instances = run_instances(&env.api, &env.cloud, 1, 0, "m5.large").await;
+    ready_nodes(&env, &instances);
+    let node_sg =
+        describe(&env.api, &[instances[0].id.clone()]).await[0].security_groups[0].clone();
+    let ctx = env.context(cfg());
+    assert!(ctx.nodes.wait_synced().await);
+    assert!(ctx.services.wait_synced().await);
+    tokio::spawn(service::run(ctx.clone()));
+    let services = Api::<Service>::namespaced(env.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &classic_service("moving", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    eventually_async("moving's hostname", WAIT, || async {
+        ingress_hostname(&stored_service(&env, "moving").await)
+    })
+    .await;
+    let name = lb_name_of(&stored_service(&env, "moving").await);
+    let own = env
+        .api
+        .describe_classic(&name)
+        .await
+        .unwrap()
+        .unwrap()
+        .security_groups[0]
+        .clone();
+    let mine = make_group(&env.api, &env.cloud.vpc, "mine").await;
+    services
+        .patch(
+            "moving",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "service.beta.kubernetes.io/aws-load-balancer-security-groups": mine.clone()
+            }}})),
+        )
+        .await
+        .unwrap();
+    eventually_async("the ELB on the annotated group only", WAIT, || async {
+        let lb = env.api.describe_classic(&name).await.unwrap()?;
+        (lb.security_groups == vec![mine.clone()]).then_some(())
+    })
+    .await;
+    // Its own group: the nodes' rule revoked, the group deleted; the nodes allow the new one.
+    eventually_async("the ELB's own group deleted", WAIT, || async {
+        security_group(&env, &own).await.is_none().then_some(())
+    })
+    .await;
+    // (Later in the same ensure.)
+    eventually_async("the nodes allow only the annotated group", WAIT, || async {
+        let node_group = security_group(&env, &node_sg).await?;
+        let sources: Vec<&str> = node_group
+            .from_groups
+            .iter()
+            .map(|r| r.group_id.as_str())
+            .collect();
+        (sources == vec![mine.as_str()]).then_some(())
+    })
+    .await;
+    services
+        .delete("moving", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("moving gone", WAIT, || async {
+        services
+            .get_opt("moving")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(env.api.describe_classic(&name).await.unwrap().is_none());
+    assert!(
+        security_group(&env, &mine).await.is_some(),
+        "the annotated group is never deleted"
+    );
 }

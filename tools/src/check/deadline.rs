@@ -23,8 +23,11 @@ use ccm_host::controllers::service::predicates::load_balancer_status_equal;
 use ccm_host::provider::Provider;
 
 /// The Service of the cancelled-EnsureLoadBalancer probe.
-pub fn probe_service(nonce: &str) -> Service {
-    scene::service("ccm-check-deadline", Some(&scene::uid(nonce, "deadline")))
+pub fn probe_service(plan: &super::Plan) -> Service {
+    plan.service(
+        "ccm-check-deadline",
+        Some(&scene::uid(&plan.nonce, "deadline")),
+    )
 }
 
 /// One read call of the probe.
@@ -251,7 +254,7 @@ impl Suite {
     /// balancer that GetLoadBalancer reports, and deletion must clean up.
     async fn cancelled_ensure(&self, expired: &Provider) -> Vec<String> {
         let cluster = &self.plan.cluster_name;
-        let svc = probe_service(&self.plan.nonce);
+        let svc = probe_service(&self.plan);
         let nodes: Vec<Node> = self.initialised.values().cloned().collect();
         let mut problems = Vec::new();
         let _ = self.seen(

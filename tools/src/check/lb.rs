@@ -404,7 +404,7 @@ impl Suite {
     async fn lb_distinct(&mut self) -> Outcome {
         let cluster = self.plan.cluster_name.clone();
         let first = self.direct_service.clone();
-        let second = scene::service(
+        let second = self.plan.service(
             SECOND_SERVICE,
             Some(&scene::uid(&self.plan.nonce, "second")),
         );
@@ -532,7 +532,7 @@ impl Suite {
                 err_text(&e)
             ));
         }
-        let never = scene::service(
+        let never = self.plan.service(
             "ccm-check-never-created",
             Some(&scene::uid(&self.plan.nonce, "never")),
         );
@@ -557,7 +557,7 @@ impl Suite {
         match api
             .create(
                 &PostParams::default(),
-                &scene::service(CONTROLLER_SERVICE, None),
+                &self.plan.service(CONTROLLER_SERVICE, None),
             )
             .await
         {

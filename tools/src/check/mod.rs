@@ -90,6 +90,11 @@ pub struct CheckArgs {
     /// How long to wait for a controller to converge before the check fails.
     #[arg(long, default_value = "60s")]
     pub sync_timeout: String,
+    /// An annotation on every Service the load-balancer checks use, KEY=VALUE (repeatable), e.g.
+    /// `service.beta.kubernetes.io/aws-load-balancer-type=nlb` to check a provider's other kind
+    /// of load balancer.
+    #[arg(long = "service-annotation", value_name = "KEY=VALUE")]
+    pub service_annotations: Vec<String>,
     /// Skip a check by id (repeatable; ids as in the result table).
     #[arg(long = "skip", value_name = "CHECK")]
     pub skip: Vec<String>,
@@ -128,6 +133,8 @@ pub struct Plan {
     pub strict: bool,
     /// Unique to this run (UIDs of the Services handed to the provider directly).
     pub nonce: String,
+    /// `--service-annotation`.
+    pub service_annotations: BTreeMap<String, String>,
 }
 
 impl Plan {
@@ -208,6 +215,15 @@ impl Plan {
             }
             skip.insert(id.clone());
         }
+        let mut service_annotations = BTreeMap::new();
+        for a in &args.service_annotations {
+            let Some((k, v)) = a.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
+                return Err(format!(
+                    "--service-annotation {a:?}: not KEY=VALUE (e.g. service.beta.kubernetes.io/aws-load-balancer-type=nlb)"
+                ));
+            };
+            service_annotations.insert(k.trim().to_string(), v.to_string());
+        }
         Ok(Self {
             nodes,
             shutdown_node,
@@ -220,7 +236,20 @@ impl Plan {
             skip,
             strict: args.strict,
             nonce: scene::nonce(),
+            service_annotations,
         })
+    }
+
+    /// The scene's Service `name` (see [`scene::service`]) with the `--service-annotation`s.
+    pub fn service(&self, name: &str, uid: Option<&str>) -> Service {
+        let mut svc = scene::service(name, uid);
+        if !self.service_annotations.is_empty() {
+            svc.metadata
+                .annotations
+                .get_or_insert_default()
+                .extend(self.service_annotations.clone());
+        }
+        svc
     }
 }
 
@@ -413,7 +442,7 @@ impl Suite {
             pod_cidr: None,
         };
         let direct_service =
-            scene::service("ccm-check-direct", Some(&scene::uid(&plan.nonce, "direct")));
+            plan.service("ccm-check-direct", Some(&scene::uid(&plan.nonce, "direct")));
         let mut suite = Suite {
             caps: provider.capabilities(),
             plan,
@@ -627,7 +656,7 @@ impl Suite {
         if self.caps.load_balancer {
             let services = [
                 Some(self.direct_service.clone()),
-                Some(deadline::probe_service(&self.plan.nonce)),
+                Some(deadline::probe_service(&self.plan)),
                 self.controller_service.clone(),
                 self.second_service.clone(),
             ];
@@ -817,9 +846,21 @@ mod tests {
         assert!(err(&["--call-timeout", "0"]).contains("more than 0"));
         assert!(err(&["--skip", "lb-everything"]).contains("no such check"));
         assert!(err(&["--absent-provider-id", " "]).contains("--absent-provider-id"));
+        assert!(err(&["--service-annotation", "nlb"]).contains("--service-annotation \"nlb\""));
+        assert!(err(&["--service-annotation", "=nlb"]).contains("not KEY=VALUE"));
         let p = plan(&["--skip", "deadline", "--node", "x=p://1"]).unwrap();
         assert!(p.skip.contains("deadline"));
         assert_eq!(p.nodes[0].provider_id.as_deref(), Some("p://1"));
+        assert!(p.service("s", None).metadata.annotations.is_none());
+        let p = plan(&[
+            "--service-annotation",
+            "a/type=nlb",
+            "--service-annotation",
+            "b=",
+        ])
+        .unwrap();
+        let a = p.service("s", None).metadata.annotations.unwrap();
+        assert_eq!((a["a/type"].as_str(), a["b"].as_str()), ("nlb", ""));
     }
 
     #[test]

@@ -135,25 +135,55 @@ pub struct IngressRule {
     pub description: String,
 }
 
+/// One ingress rule of a security group whose source is another group (a group pair).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupRule {
+    /// `tcp`, `udp`, `icmp`, `-1`.
+    pub protocol: String,
+    /// From port (`-1`: all).
+    pub from: i32,
+    /// To port (`-1`: all).
+    pub to: i32,
+    /// The source group.
+    pub group_id: String,
+}
+
 /// A security group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecurityGroup {
     /// `sg-...`.
     pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its description.
+    pub description: String,
     /// VPC.
     pub vpc_id: String,
-    /// Ingress rules from CIDRs (rules from other groups are not listed).
+    /// Ingress rules from CIDRs, one per source CIDR.
     pub ingress: Vec<IngressRule>,
+    /// Ingress rules from other security groups, one per source group.
+    pub from_groups: Vec<GroupRule>,
     /// Tags.
     pub tags: BTreeMap<String, String>,
 }
 
 fn parse_security_group(n: Node<'_, '_>) -> SecurityGroup {
     let mut ingress = Vec::new();
+    let mut from_groups = Vec::new();
     for p in list(n, "ipPermissions") {
         let protocol = string(p, "ipProtocol").unwrap_or_default();
         let from = number(p, "fromPort").unwrap_or(-1);
         let to = number(p, "toPort").unwrap_or(-1);
+        for g in list(p, "groups") {
+            if let Some(group_id) = string(g, "groupId") {
+                from_groups.push(GroupRule {
+                    protocol: protocol.clone(),
+                    from,
+                    to,
+                    group_id,
+                });
+            }
+        }
         for (set, field) in [("ipRanges", "cidrIp"), ("ipv6Ranges", "cidrIpv6")] {
             for r in list(p, set) {
                 if let Some(cidr) = string(r, field) {
@@ -170,10 +200,28 @@ fn parse_security_group(n: Node<'_, '_>) -> SecurityGroup {
     }
     SecurityGroup {
         id: string(n, "groupId").unwrap_or_default(),
+        name: string(n, "groupName").unwrap_or_default(),
+        description: string(n, "groupDescription").unwrap_or_default(),
         vpc_id: string(n, "vpcId").unwrap_or_default(),
         ingress,
+        from_groups,
         tags: tags(n, "tagSet"),
     }
+}
+
+fn group_ingress_params(group: &str, rules: &[GroupRule]) -> Params {
+    let mut p = Params::new();
+    p.set("GroupId", group);
+    for (i, r) in rules.iter().enumerate() {
+        let k = format!("IpPermissions.{}", i + 1);
+        p.set(format!("{k}.IpProtocol"), r.protocol.as_str());
+        if r.protocol != "-1" {
+            p.set(format!("{k}.FromPort"), r.from.to_string());
+            p.set(format!("{k}.ToPort"), r.to.to_string());
+        }
+        p.set(format!("{k}.Groups.1.GroupId"), r.group_id.as_str());
+    }
+    p
 }
 
 fn ingress_params(group: &str, rules: &[IngressRule]) -> Params {
@@ -464,6 +512,97 @@ impl AwsClient {
         self.ec2_call("RevokeSecurityGroupIngress", &p)
             .await
             .map(drop)
+    }
+
+    /// AuthorizeSecurityGroupIngress of rules whose source is another group.
+    pub async fn authorize_group_ingress(
+        &self,
+        group: &str,
+        rules: &[GroupRule],
+    ) -> Result<(), AwsError> {
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let p = group_ingress_params(group, rules);
+        self.ec2_call("AuthorizeSecurityGroupIngress", &p)
+            .await
+            .map(drop)
+    }
+
+    /// RevokeSecurityGroupIngress of rules whose source is another group.
+    pub async fn revoke_group_ingress(
+        &self,
+        group: &str,
+        rules: &[GroupRule],
+    ) -> Result<(), AwsError> {
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let p = group_ingress_params(group, rules);
+        self.ec2_call("RevokeSecurityGroupIngress", &p)
+            .await
+            .map(drop)
+    }
+
+    /// CreateSecurityGroup in `vpc`, tagged at creation; returns its ID.
+    pub async fn create_security_group(
+        &self,
+        name: &str,
+        description: &str,
+        vpc: &str,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<String, AwsError> {
+        let mut p = Params::new();
+        p.set("GroupName", name)
+            .set("GroupDescription", description)
+            .set("VpcId", vpc);
+        if !tags.is_empty() {
+            p.set("TagSpecification.1.ResourceType", "security-group");
+            for (i, (k, v)) in tags.iter().enumerate() {
+                p.set(format!("TagSpecification.1.Tag.{}.Key", i + 1), k.as_str());
+                p.set(
+                    format!("TagSpecification.1.Tag.{}.Value", i + 1),
+                    v.as_str(),
+                );
+            }
+        }
+        let body = self.ec2_call("CreateSecurityGroup", &p).await?;
+        let doc = parse(EC2, "CreateSecurityGroup", &body)?;
+        string(doc.root_element(), "groupId").ok_or_else(|| AwsError {
+            service: EC2,
+            action: "CreateSecurityGroup".into(),
+            status: Some(200),
+            code: "MalformedResponse".into(),
+            message: "no groupId in the answer".into(),
+        })
+    }
+
+    /// DeleteSecurityGroup (absent: Ok).
+    pub async fn delete_security_group(&self, id: &str) -> Result<(), AwsError> {
+        let mut p = Params::new();
+        p.set("GroupId", id);
+        match self.ec2_call("DeleteSecurityGroup", &p).await {
+            Err(e) if e.code() != "InvalidGroup.NotFound" => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// CreateTags on one resource.
+    pub async fn create_tags(
+        &self,
+        resource: &str,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<(), AwsError> {
+        if tags.is_empty() {
+            return Ok(());
+        }
+        let mut p = Params::new();
+        p.set("ResourceId.1", resource);
+        for (i, (k, v)) in tags.iter().enumerate() {
+            p.set(format!("Tag.{}.Key", i + 1), k.as_str());
+            p.set(format!("Tag.{}.Value", i + 1), v.as_str());
+        }
+        self.ec2_call("CreateTags", &p).await.map(drop)
     }
 
     /// ModifyInstanceAttribute `SourceDestCheck` (routed pod traffic needs it off).

@@ -1,5 +1,5 @@
-//! A small client for the two AWS Query APIs this provider calls (EC2 `2016-11-15`, ELBv2
-//! `2015-12-01`): form-encoded POST requests signed with the SDK's SigV4 implementation
+//! A small client for the AWS Query APIs this provider calls (EC2 `2016-11-15`, ELBv2
+//! `2015-12-01`, classic ELB `2012-06-01` on the ELBv2 endpoint): form-encoded POST requests signed with the SDK's SigV4 implementation
 //! (aws-sigv4), sent over hyper + rustls (the HTTP stack kube already links), XML responses
 //! read with roxmltree.
 //!
@@ -10,6 +10,7 @@
 //! here: the host pauses every caller when a call reports `throttled`.
 
 pub mod ec2;
+pub mod elb;
 pub mod elbv2;
 pub mod error;
 pub mod xml;
@@ -175,6 +176,8 @@ pub struct AwsClient {
     pub ec2: Endpoint,
     /// The ELBv2 endpoint.
     pub elbv2: Endpoint,
+    /// The classic ELB endpoint: ELBv2's URL and signing name, API version `2012-06-01`.
+    pub elb: Endpoint,
     counts: CallCounts,
 }
 
@@ -196,11 +199,17 @@ impl AwsClient {
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(16)
             .build(https);
+        let elb = Endpoint {
+            service: "elb",
+            version: "2012-06-01",
+            ..elbv2.clone()
+        };
         Self {
             http,
             credentials,
             ec2,
             elbv2,
+            elb,
             counts: CallCounts::default(),
         }
     }

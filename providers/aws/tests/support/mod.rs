@@ -226,6 +226,8 @@ struct ProxyState {
     /// Only actions starting with this prefix are throttled (empty: every action).
     throttle_prefix: Mutex<String>,
     throttled: AtomicU32,
+    /// The error code the next throttled calls get instead (`fail_next`).
+    fail_code: Mutex<Option<String>>,
     /// Added latency per call.
     delay_ms: AtomicU32,
     stopped: AtomicBool,
@@ -288,6 +290,15 @@ impl Proxy {
 
     /// Throttle the next `n` calls whose action starts with `prefix` ("" = any).
     pub fn throttle_next(&self, n: u32, prefix: &str) {
+        *self.state.fail_code.lock().unwrap() = None;
+        *self.state.throttle_prefix.lock().unwrap() = prefix.to_string();
+        self.state.throttle.store(n, Ordering::SeqCst);
+    }
+
+    /// Answer the next `n` calls whose action starts with `prefix` with the error `code`
+    /// (HTTP 400), as AWS answers what moto does not (e.g. `DependencyViolation`).
+    pub fn fail_next(&self, n: u32, prefix: &str, code: &str) {
+        *self.state.fail_code.lock().unwrap() = Some(code.to_string());
         *self.state.throttle_prefix.lock().unwrap() = prefix.to_string();
         self.state.throttle.store(n, Ordering::SeqCst);
     }
@@ -394,8 +405,20 @@ async fn serve(
             .is_ok();
     if throttle {
         st.throttled.fetch_add(1, Ordering::SeqCst);
+        if let Some(code) = st.fail_code.lock().unwrap().clone() {
+            *st.counts
+                .lock()
+                .unwrap()
+                .entry(format!("!{code}"))
+                .or_default() += 1;
+        }
         let elb = String::from_utf8_lossy(&head).contains("/elasticloadbalancing/");
-        let (status, xml) = if elb {
+        let custom = st.fail_code.lock().unwrap().clone().map(|code| {
+            format!("<?xml version=\"1.0\"?><Response><Errors><Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error></Errors><RequestID>x</RequestID></Response>")
+        });
+        let (status, xml) = if let Some(x) = custom.as_deref() {
+            (400, x)
+        } else if elb {
             (
                 400,
                 "<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>x</RequestId></ErrorResponse>",
