@@ -308,14 +308,7 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Refus
 
     let registrar = HostRegistrar::new(path, options.max_log_level);
     let result = match (ext_fn, ext_v1_2_fn) {
-        (None, Some(_)) => {
-            return Err(format!(
-                "exports the ABI 1.2 extension ({}) without the 1.1 extension ({}) every 1.2 \
-                 plugin has; build it with ccm_provider_abi::export_plugin!",
-                ext_v1_2::EXT_V1_2_SYMBOL,
-                ext::EXT_V1_1_SYMBOL
-            ))
-        }
+        (None, Some(_)) => return Err(Refusal::Extension12Without11),
         (Some(ext_fn), Some(ext_v1_2_fn)) => {
             // The 1.1 module still carries the panic strategy.
             check_ext_v1_1(path, ext_fn())?;
@@ -385,17 +378,16 @@ fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Re
 }
 
 /// Check the 1.2 extension module a plugin exported: its layout against this host's.
-fn check_ext_v1_2(path: &Path, export: ExtV1_2Export) -> Result<PluginExtV1_2_Ref, String> {
+fn check_ext_v1_2(path: &Path, export: ExtV1_2Export) -> Result<PluginExtV1_2_Ref, Refusal> {
     if let Err(errors) = abi_stable::abi_stability::abi_checking::check_layout_compatibility(
         ext_v1_2::expected_layout(),
         export.layout,
     ) {
         tracing::debug!(plugin = %path.display(), "full ABI report of the 1.2 extension:\n{errors}");
-        return Err(format!(
-            "its ABI 1.2 extension does not match this host: {}; {}",
-            describe_mismatch(&errors),
-            rebuild_advice()
-        ));
+        return Err(Refusal::Extension12Mismatch {
+            detail: describe_mismatch(&errors),
+            advice: rebuild_advice(),
+        });
     }
     Ok(export.module)
 }
@@ -947,11 +939,10 @@ mod tests {
             panic!("a foreign layout is refused")
         };
         assert!(
-            err.starts_with("its ABI 1.2 extension does not match this host: "),
+            matches!(&err, Refusal::Extension12Mismatch { advice, .. } if *advice == rebuild_advice()),
             "{err}"
         );
-        assert!(err.ends_with(&rebuild_advice()), "{err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(err.to_string().lines().count(), 1, "{err}");
     }
 
     #[test]

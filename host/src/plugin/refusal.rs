@@ -51,6 +51,15 @@ pub enum Refusal {
         /// What to rebuild against.
         advice: String,
     },
+    /// The ABI 1.2 extension module's layout differs from this host's.
+    Extension12Mismatch {
+        /// What differs.
+        detail: String,
+        /// What to rebuild against.
+        advice: String,
+    },
+    /// It exports the ABI 1.2 extension without the 1.1 one every 1.2 plugin has.
+    Extension12Without11,
     /// The root module failed to initialise for another reason.
     RootModuleInit(String),
     /// Built with `panic = "abort"`.
@@ -113,6 +122,8 @@ impl Refusal {
             Refusal::AbiVersionUnparsable(_) => "AbiVersionUnparsable",
             Refusal::InterfaceMismatch { .. } => "InterfaceMismatch",
             Refusal::ExtensionMismatch { .. } => "ExtensionMismatch",
+            Refusal::Extension12Mismatch { .. } => "Extension12Mismatch",
+            Refusal::Extension12Without11 => "Extension12Without11",
             Refusal::RootModuleInit(_) => "RootModuleInit",
             Refusal::PanicAbort => "PanicAbort",
             Refusal::RegisterTimeout(_) => "RegisterTimeout",
@@ -163,6 +174,17 @@ impl fmt::Display for Refusal {
             Refusal::ExtensionMismatch { detail, advice } => write!(
                 f,
                 "its ABI 1.1 extension does not match this host: {detail}; {advice}"
+            ),
+            Refusal::Extension12Mismatch { detail, advice } => write!(
+                f,
+                "its ABI 1.2 extension does not match this host: {detail}; {advice}"
+            ),
+            Refusal::Extension12Without11 => write!(
+                f,
+                "exports the ABI 1.2 extension ({}) without the 1.1 extension ({}) every 1.2 \
+                 plugin has; build it with ccm_provider_abi::export_plugin!",
+                ccm_provider_abi::ext_v1_2::EXT_V1_2_SYMBOL,
+                ccm_provider_abi::ext::EXT_V1_1_SYMBOL
             ),
             Refusal::RootModuleInit(why) => {
                 write!(f, "its root module failed to initialise: {why}")
