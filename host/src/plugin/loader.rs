@@ -316,7 +316,10 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Refus
             abi_version = ext_module.abi_version().to_string();
             check_version(&abi_version)?;
             let (register, abi) = (ext_module.register(), registrar.to_abi_v1_2());
-            with_deadline(REGISTER_DEADLINE, move || register(abi))
+            let plugin = path.to_path_buf();
+            with_deadline(REGISTER_DEADLINE, move || {
+                crate::runtime::crash::in_plugin(&plugin, "register", || register(abi))
+            })
         }
         (Some(ext_fn), None) => {
             let ext_module = check_ext_v1_1(path, ext_fn())?;
