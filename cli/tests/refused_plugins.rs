@@ -139,6 +139,7 @@ fn a_plugin_built_with_panic_abort_is_refused_with_one_clear_line() {
     assert_eq!(listing["plugins"], Value::Array(vec![]), "{listing:#}");
     let refused = listing["refused"].as_array().unwrap();
     assert_eq!(refused.len(), 1, "{listing:#}");
+    assert_eq!(refused[0]["kind"], "PanicAbort", "{listing:#}");
     assert_eq!(refused[0]["reason"], REASON);
     assert!(
         refused[0]["path"]
@@ -194,6 +195,7 @@ fn a_plugin_of_another_layout_is_refused_naming_the_type_and_both_sides() {
     let listing: Value = serde_json::from_slice(&out.stdout).unwrap();
     let refused = listing["refused"].as_array().unwrap();
     assert_eq!(refused.len(), 1, "{listing:#}");
+    assert_eq!(refused[0]["kind"], "InterfaceMismatch", "{listing:#}");
     // abi_stable's report of this is 2,000 lines; the reason is one, from its structured form.
     assert_eq!(
         refused[0]["reason"],

@@ -300,7 +300,7 @@ async fn bench_provider_calls() {
         if let Some(refused) = registry.refused().first() {
             println!(
                 "plugin_load plugin={label} skipped: refused by the loader: {}",
-                refused.reason
+                refused.refusal
             );
             continue;
         }

@@ -4,7 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ccm_host::plugin::{LoaderOptions, PluginRegistry, SelectError};
+use ccm_host::plugin::{LoaderOptions, PluginRegistry, Refusal, SelectError};
 use ccm_host::provider::pool::Stuck;
 use ccm_host::provider::ProviderOptions;
 use ccm_integration_tests::{built_plugin, libs, PluginDir};
@@ -16,18 +16,16 @@ fn load(dir: &Path) -> PluginRegistry {
         .expect("directory loads")
 }
 
-fn refused_reason(registry: &PluginRegistry, file: &str) -> String {
+/// Why `file` was refused (its one line checked to be one line).
+fn refused_reason(registry: &PluginRegistry, file: &str) -> Refusal {
     let r = registry
         .refused()
         .iter()
         .find(|r| r.path.file_name().is_some_and(|n| n == file))
         .unwrap_or_else(|| panic!("{file} was not refused; refused: {:?}", registry.refused()));
-    assert!(
-        !r.reason.contains('\n'),
-        "reason must be one line: {:?}",
-        r.reason
-    );
-    r.reason.clone()
+    let line = r.refusal.to_string();
+    assert!(!line.contains('\n'), "reason must be one line: {line:?}");
+    r.refusal.clone()
 }
 
 fn provider_names(registry: &PluginRegistry) -> Vec<String> {
@@ -104,19 +102,28 @@ fn files_that_are_not_plugins_are_refused_with_the_reason() {
     let registry = load(dir.path());
     assert!(registry.plugins().is_empty());
     assert_eq!(registry.refused().len(), 4, "{:?}", registry.refused());
-    assert!(refused_reason(&registry, "text.so")
-        .contains("is not a ccm-host provider plugin (not an ELF shared library)"));
-    assert!(refused_reason(&registry, "short.so")
-        .contains("is not a ccm-host provider plugin (file too short"));
+    assert_eq!(
+        refused_reason(&registry, "text.so"),
+        Refusal::NotAPlugin("not an ELF shared library".into())
+    );
+    assert_eq!(
+        refused_reason(&registry, "short.so"),
+        Refusal::NotAPlugin("file too short to be a shared library".into())
+    );
     let truncated = refused_reason(&registry, "truncated.so");
     assert!(
-        truncated.contains("is not a ccm-host provider plugin"),
-        "{truncated}"
+        matches!(&truncated, Refusal::NotAPlugin(why) if why.starts_with("truncated")),
+        "{truncated:?}"
     );
     let not_plugin = refused_reason(&registry, "libnot-a-plugin.so");
     assert!(
-        not_plugin.contains("is not a ccm-host provider plugin (it exports no plugin root module"),
-        "{not_plugin}"
+        matches!(&not_plugin, Refusal::NotAPlugin(why) if why.starts_with("it exports no plugin root module")),
+        "{not_plugin:?}"
+    );
+    assert_eq!(
+        not_plugin.to_string(),
+        "is not a ccm-host provider plugin (it exports no plugin root module; build it with \
+         ccm_provider_abi::export_plugin!)"
     );
 }
 
@@ -129,8 +136,12 @@ fn abi_incompatible_plugin_is_refused_with_one_line() {
     let reason = refused_reason(&registry, "old.so");
     // One line from abi_stable's structured report: the type, where it is, both sides; any
     // 1.x plugin loads (docs/abi-1.1.md), so the advice names the range this host accepts.
+    assert!(
+        matches!(reason, Refusal::InterfaceMismatch { .. }),
+        "{reason:?}"
+    );
     assert_eq!(
-        reason,
+        reason.to_string(),
         "its plugin interface does not match this host: type PluginModule (the plugin's root \
          module): package ccm-fixture-abi-mismatch in the plugin, ccm-provider-abi in this host; \
          rebuild it against ccm-provider-abi 1.x, x <= 2"
@@ -151,27 +162,37 @@ fn registration_problems_name_the_files() {
     // A name registered by two files is refused for both, naming both (upstream: fatal); the
     // files' other providers stay.
     let dup = refused_reason(&registry, "b-duplicate.so");
-    assert!(
-        dup.starts_with("provider \"fake\" is registered by "),
-        "{dup}"
-    );
-    assert!(
-        dup.contains("a-fake.so") && dup.contains("b-duplicate.so"),
-        "names both files: {dup}"
-    );
+    let Refusal::DuplicateProvider { name, files } = &dup else {
+        panic!("{dup:?}");
+    };
+    assert_eq!(name, "fake");
+    let files: Vec<_> = files.iter().map(|f| f.file_name().unwrap()).collect();
+    assert_eq!(files, ["a-fake.so", "b-duplicate.so"], "names both files");
     assert_eq!(refused_reason(&registry, "a-fake.so"), dup);
     let selected = registry
         .create("fake", None, &ProviderOptions::default())
         .unwrap_err()
         .to_string();
-    assert_eq!(selected, dup, "selecting the duplicated name is fatal");
-    assert!(refused_reason(&registry, "c-empty-name.so").contains("invalid provider name \"\""));
+    assert_eq!(
+        selected,
+        dup.to_string(),
+        "selecting the duplicated name is fatal"
+    );
+    assert_eq!(
+        refused_reason(&registry, "c-empty-name.so"),
+        Refusal::InvalidProviderName(String::new())
+    );
     let panic = refused_reason(&registry, "d-panic-in-register.so");
     assert_eq!(
         panic,
-        "its register function failed: provider panicked in plugin registration: fixture panic in register"
+        Refusal::RegisterFailed(
+            "provider panicked in plugin registration: fixture panic in register".into()
+        )
     );
-    assert!(refused_reason(&registry, "e-registers-nothing.so").contains("registered no providers"));
+    assert_eq!(
+        refused_reason(&registry, "e-registers-nothing.so"),
+        Refusal::NoProviders
+    );
     assert_eq!(provider_names(&registry), ["fake-v1"]);
 }
 
@@ -192,30 +213,37 @@ fn a_symlink_swapped_during_loading_never_loads_the_refused_target() {
     let link = dir.path().join("plugin.so");
     std::os::unix::fs::symlink(&good, &link).unwrap();
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The swapper counts its swaps; loading goes on until 200 loads happened and the link was
+    // swapped at least 100 times meanwhile (on a busy machine the swapper may get little CPU:
+    // the loop waits for it instead of asserting how much it got).
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let swaps = std::sync::Arc::new(AtomicU64::new(0));
     let swapper = {
-        let (stop, link, dir) = (stop.clone(), link.clone(), dir.path().to_path_buf());
+        let (stop, swaps, link, dir) = (
+            stop.clone(),
+            swaps.clone(),
+            link.clone(),
+            dir.path().to_path_buf(),
+        );
         let (good, evil) = (good.clone(), evil.clone());
         std::thread::spawn(move || {
             let tmp = dir.join("swap.tmp");
-            let mut swaps = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let target = if swaps.is_multiple_of(2) {
-                    &evil
-                } else {
-                    &good
-                };
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let target = if n.is_multiple_of(2) { &evil } else { &good };
                 let _ = std::fs::remove_file(&tmp);
                 std::os::unix::fs::symlink(target, &tmp).unwrap();
                 std::fs::rename(&tmp, &link).unwrap();
-                swaps += 1;
+                n += 1;
+                swaps.store(n, Ordering::Relaxed);
                 std::thread::yield_now();
             }
-            swaps
         })
     };
-    let (mut good_loads, mut refusals) = (0, 0);
-    for _ in 0..200 {
+    let (mut loads, mut good_loads, mut refusals) = (0u64, 0, 0);
+    let start_swaps = swaps.load(Ordering::Relaxed);
+    while loads < 200 || swaps.load(Ordering::Relaxed) - start_swaps < 100 {
         let registry = load(dir.path());
         let names = provider_names(&registry);
         assert!(
@@ -227,15 +255,13 @@ fn a_symlink_swapped_during_loading_never_loads_the_refused_target() {
         } else {
             refusals += 1;
         }
+        loads += 1;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let swaps = swapper.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    let swaps = swaps.load(Ordering::Relaxed) - start_swaps;
     println!(
-        "200 loads during {swaps} swaps: {good_loads} of the good plugin, {refusals} refusals"
-    );
-    assert!(
-        swaps > 100,
-        "the link was swapped while loading ({swaps} swaps)"
+        "{loads} loads during {swaps} swaps: {good_loads} of the good plugin, {refusals} refusals"
     );
 }
 
@@ -250,12 +276,15 @@ fn parent_directories_are_checked_like_sudo_does() {
     std::fs::copy(built_plugin(libs::FAKE), plugins.join("fake.so")).unwrap();
     let registry = load(&plugins);
     let reason = refused_reason(&registry, "fake.so");
-    assert!(
-        reason.contains(&format!(
+    let Refusal::Insecure { problems, .. } = &reason else {
+        panic!("{reason:?}");
+    };
+    assert_eq!(
+        problems,
+        &[format!(
             "the directory {} is writable by group or others (mode 777)",
             outer.path().display()
-        )),
-        "{reason}"
+        )]
     );
     // The sticky bit (as on /tmp) makes it safe: only owners may rename or delete entries.
     std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
@@ -317,13 +346,19 @@ fn insecure_files_and_directories_are_refused_unless_allowed() {
     std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o666)).unwrap();
     let registry = load(dir.path());
     let reason = refused_reason(&registry, "fake.so");
-    assert!(
-        reason.contains("writable by group or others (mode 666)"),
-        "{reason}"
+    assert_eq!(
+        reason,
+        Refusal::Insecure {
+            problems: vec!["the file is writable by group or others (mode 666)".into()],
+            fixes: vec![format!(
+                "chmod go-w {}",
+                std::fs::canonicalize(&plugin).unwrap().display()
+            )],
+        }
     );
     assert!(
-        reason.contains(&format!(
-            "fix it with `chmod go-w {}` or pass --allow-insecure-plugins",
+        reason.to_string().ends_with(&format!(
+            "; fix it with `chmod go-w {}` or pass --allow-insecure-plugins",
             std::fs::canonicalize(&plugin).unwrap().display()
         )),
         "{reason}"
@@ -452,10 +487,7 @@ fn plugins_command_lists_providers_capabilities_and_refusals() {
         listing["plugins"][0]["abiVersion"],
         ccm_provider_abi::ABI_VERSION
     );
-    assert!(listing["refused"][0]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("not an ELF"));
+    assert_eq!(listing["refused"][0]["kind"], "NotAPlugin", "{listing:#}");
 }
 
 fn process_threads() -> usize {

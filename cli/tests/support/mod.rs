@@ -331,6 +331,23 @@ pub mod https {
         Arc::new(config)
     }
 
+    /// Like [`any_cert`], offering only the TLS `versions` and the cipher `suites` of ring.
+    pub fn any_cert_offering(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        suites: &[rustls::SupportedCipherSuite],
+    ) -> Arc<rustls::ClientConfig> {
+        let mut provider = rustls::crypto::ring::default_provider();
+        provider.cipher_suites = suites.to_vec();
+        let provider = Arc::new(provider);
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(versions)
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+            .with_no_client_auth();
+        Arc::new(config)
+    }
+
     /// Like [`any_cert`], presenting a client certificate (chain and key).
     pub fn any_cert_with_client_cert(
         chain: Vec<CertificateDer<'static>>,

@@ -6,9 +6,14 @@
 //! connection cap that makes room for a new connection by closing, in this order, the oldest
 //! *silent* one (accepted, not a byte sent yet), else the longest idle one after its handshake;
 //! a connection in its TLS handshake is never closed in favour of a newer one (at the cap with
-//! every connection handshaking or in a request, the new one is closed). So thousands of idle or
-//! half-open connections, or a flood of new ones that send nothing, never starve the kubelet's
-//! `/healthz` probe, whose ClientHello follows its connect at once.
+//! every connection handshaking or in a request, the new one is closed). A connection counts as
+//! in its handshake from the client's first byte, looked for already when it is accepted (a
+//! non-blocking peek: under a flood a connection waits in the accept queue, and the probe's
+//! ClientHello is there by the time it is accepted, so it is never taken for a silent one while
+//! its task has not run yet). The listen backlog is the kernel's somaxconn, as Go's. So
+//! thousands of idle or half-open connections, or a flood of new ones that send nothing, never
+//! starve the kubelet's `/healthz` probe, whose ClientHello follows its connect at once.
+//! Upstream (Go's net/http) has no connection cap.
 //!
 //! Requests are authenticated and authorized by [`super::delegated_auth`] before the endpoints
 //! of [`super::http`] see them.
@@ -194,12 +199,135 @@ pub fn self_signed(bind: IpAddr) -> Result<(Vec<u8>, Vec<u8>), String> {
     Ok((cert.pem().into_bytes(), key.serialize_pem().into_bytes()))
 }
 
-/// The rustls server configuration for a certificate chain and key (PEM): TLS 1.2 and 1.3,
-/// HTTP/1.1 only; with a `client_ca`, client certificates are asked for (not required) and must
-/// chain to it (a client certificate for client authentication, or the handshake fails).
+/// The secure port's TLS versions and cipher suites, from `--tls-min-version` and
+/// `--tls-cipher-suites` (Go names). rustls serves TLS 1.2 and 1.3 and, of Go's suites, only
+/// the AEAD ones with forward secrecy: asking for anything else is a start-up error (one line
+/// per value, exit 2) rather than a flag silently not applied. As in Go, the suite list
+/// governs TLS 1.2; TLS 1.3 suites stay all enabled unless the list names some of them
+/// (then only those: stricter than Go, which cannot restrict TLS 1.3 suites).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsPolicy {
+    /// `--tls-min-version=VersionTLS13`.
+    pub tls13_only: bool,
+    /// The Go names asked for (empty: rustls's defaults).
+    pub suites: Vec<String>,
+}
+
+/// Go's names of the suites rustls (ring) serves, and rustls's suite.
+fn rustls_suite(go_name: &str) -> Option<rustls::SupportedCipherSuite> {
+    use rustls::crypto::ring::cipher_suite as cs;
+    Some(match go_name {
+        "TLS_AES_128_GCM_SHA256" => cs::TLS13_AES_128_GCM_SHA256,
+        "TLS_AES_256_GCM_SHA384" => cs::TLS13_AES_256_GCM_SHA384,
+        "TLS_CHACHA20_POLY1305_SHA256" => cs::TLS13_CHACHA20_POLY1305_SHA256,
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256" => cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384" => cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305"
+        | "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256" => cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384" => cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305" | "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        _ => return None,
+    })
+}
+
+/// The Go suite names ccm-host serves, for messages.
+pub const SERVED_SUITES: &[&str] = &[
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+];
+
+impl TlsPolicy {
+    /// The policy of the flags; `Err` holds one line per value ccm-host cannot serve (names
+    /// Go does not know are reported by the caller, as upstream words it).
+    pub fn from_flags(suites: &[String], min_version: Option<&str>) -> Result<Self, Vec<String>> {
+        let mut errors = Vec::new();
+        let tls13_only = match min_version.unwrap_or("") {
+            "" | "VersionTLS12" => false,
+            "VersionTLS13" => true,
+            old @ ("VersionTLS10" | "VersionTLS11") => {
+                errors.push(format!(
+                    "--tls-min-version: {old} is not supported: ccm-host serves TLS 1.2 and 1.3 \
+                     only (VersionTLS12, the default, or VersionTLS13)"
+                ));
+                false
+            }
+            // Unknown names: reported by the flag validation as upstream does.
+            _ => false,
+        };
+        for suite in suites {
+            if rustls_suite(suite).is_none() && super::upstream_flags::is_go_cipher_suite(suite) {
+                errors.push(format!(
+                    "--tls-cipher-suites: {suite} is not supported: ccm-host serves only AEAD \
+                     suites with forward secrecy (no CBC, RC4, 3DES or RSA key exchange): {}",
+                    SERVED_SUITES.join(", ")
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(TlsPolicy {
+                tls13_only,
+                suites: suites.to_vec(),
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The ring provider with this policy's suites.
+    fn provider(&self) -> rustls::crypto::CryptoProvider {
+        let mut provider = rustls::crypto::ring::default_provider();
+        if self.suites.is_empty() {
+            return provider;
+        }
+        let named: Vec<rustls::SupportedCipherSuite> =
+            self.suites.iter().filter_map(|s| rustls_suite(s)).collect();
+        let names_tls13 = named
+            .iter()
+            .any(|s| matches!(s, rustls::SupportedCipherSuite::Tls13(_)));
+        provider.cipher_suites.retain(|suite| match suite {
+            rustls::SupportedCipherSuite::Tls13(_) if !names_tls13 => true,
+            _ => named.iter().any(|n| n.suite() == suite.suite()),
+        });
+        provider
+    }
+
+    /// The protocol versions served: those at or above the minimum that have a suite.
+    fn versions(
+        &self,
+        provider: &rustls::crypto::CryptoProvider,
+    ) -> Vec<&'static rustls::SupportedProtocolVersion> {
+        let has_tls12 = provider
+            .cipher_suites
+            .iter()
+            .any(|s| matches!(s, rustls::SupportedCipherSuite::Tls12(_)));
+        let mut versions = vec![&rustls::version::TLS13];
+        if has_tls12 && !self.tls13_only {
+            versions.push(&rustls::version::TLS12);
+        }
+        versions
+    }
+}
+
+/// The rustls server configuration for a certificate chain and key (PEM): TLS 1.2 and 1.3 (or
+/// what `policy` narrows them to), HTTP/1.1 only; with a `client_ca`, client certificates are
+/// asked for (not required) and must chain to it (a client certificate for client
+/// authentication, or the handshake fails).
 pub fn tls_config(
     cert: &ServingCert,
     client_ca: &[CertificateDer<'static>],
+    policy: &TlsPolicy,
 ) -> Result<Arc<rustls::ServerConfig>, String> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::PrivateKeyDer;
@@ -211,10 +339,10 @@ pub fn tls_config(
     }
     let key = PrivateKeyDer::from_pem_slice(&cert.key_pem)
         .map_err(|e| format!("the private key of {}: {e}", cert.origin))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(policy.provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .with_protocol_versions(&policy.versions(&provider))
+        .map_err(|e| format!("--tls-cipher-suites / --tls-min-version: {e}"))?;
     let builder = if client_ca.is_empty() {
         builder.with_no_client_auth()
     } else {
@@ -257,7 +385,11 @@ pub async fn start(
         .map(|(cert, key)| (cert.as_path(), key.as_path()));
     let cert = serving_cert(files, args.upstream.cert_dir.as_deref(), args.bind_address)?;
     let auth = super::delegated_auth::DelegatedAuth::new(args.upstream.auth_settings()).await?;
-    let tls = tls_config(&cert, auth.client_ca())?;
+    let policy = args
+        .upstream
+        .tls_policy()
+        .map_err(|errors| errors.join("; "))?;
+    let tls = tls_config(&cert, auth.client_ca(), &policy)?;
     let auth_summary = auth.describe();
     let bound = super::http::serve(
         addr,
@@ -303,6 +435,10 @@ struct Conn {
 /// The live connections, for the cap and the idle timeout.
 struct Conns {
     live: Mutex<HashMap<u64, Conn>>,
+    /// Ids of connections admitted silent, oldest first (locked after `live`): the cap's
+    /// victim in O(1) under a flood. Entries that left the silent stage or closed are skipped
+    /// when met, and dropped when the queue outgrows twice the cap.
+    silent: Mutex<std::collections::VecDeque<u64>>,
     next_id: std::sync::atomic::AtomicU64,
     max: usize,
     /// When the cap last made us close a connection (for a rate-limited warning).
@@ -317,7 +453,7 @@ impl Conns {
     /// Register a new connection; at the cap, first close the oldest silent one, else the
     /// longest idle established one. `None` when every connection is in its handshake or in a
     /// request: those are never closed for a newer connection.
-    fn admit(self: &Arc<Self>) -> Option<ConnHandle> {
+    fn admit(self: &Arc<Self>, spoke: bool) -> Option<ConnHandle> {
         let mut live = self.lock();
         if live.len() >= self.max {
             let oldest = |stage: Stage| {
@@ -326,7 +462,14 @@ impl Conns {
                     .min_by_key(|(_, c)| c.last_active)
                     .map(|(id, _)| *id)
             };
-            let victim = oldest(Stage::Silent)
+            let oldest_silent = {
+                let mut silent = self.silent.lock().unwrap_or_else(|p| p.into_inner());
+                std::iter::from_fn(|| silent.pop_front()).find(|id| {
+                    live.get(id)
+                        .is_some_and(|c| c.stage == Stage::Silent && c.busy == 0)
+                })
+            };
+            let victim = oldest_silent
                 .map(|id| (id, "closed the oldest silent connection to admit a new one"))
                 .or_else(|| {
                     oldest(Stage::Established)
@@ -357,12 +500,23 @@ impl Conns {
         live.insert(
             id,
             Conn {
-                stage: Stage::Silent,
+                stage: if spoke {
+                    Stage::Handshake
+                } else {
+                    Stage::Silent
+                },
                 last_active: Instant::now(),
                 busy: 0,
                 close: close.clone(),
             },
         );
+        if !spoke {
+            let mut silent = self.silent.lock().unwrap_or_else(|p| p.into_inner());
+            silent.push_back(id);
+            if silent.len() > 2 * self.max {
+                silent.retain(|id| live.get(id).is_some_and(|c| c.stage == Stage::Silent));
+            }
+        }
         Some(ConnHandle {
             conns: self.clone(),
             id,
@@ -385,6 +539,24 @@ impl Conns {
             tracing::debug!("secure port: connection cap: {what}");
         }
     }
+}
+
+/// Whether the client of the just-accepted socket `fd` has sent something (a non-blocking
+/// `MSG_PEEK` of one byte).
+#[allow(unsafe_code)] // recv(2) with MSG_PEEK on a descriptor number
+fn has_spoken(fd: std::os::fd::RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `fd` is the open socket of a TcpStream the caller holds; a one-byte buffer of
+    // ours; MSG_PEEK | MSG_DONTWAIT neither consumes data nor blocks.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
 }
 
 /// One admitted connection; dropping it forgets the connection.
@@ -436,6 +608,43 @@ impl Drop for RequestGuard {
     }
 }
 
+/// TCP_DEFER_ACCEPT of 1 s on the listening socket: the kernel hands a connection to the
+/// accept loop when its client has sent data (a TLS client's ClientHello follows its connect
+/// at once), or after about a second of silence; connections closed before that never reach
+/// the host. A flood of new connections that send nothing then costs the kernel, not the
+/// accept loop, and cannot fill the accept queue ahead of the kubelet's probe. A silent client
+/// is accepted after that second and then gets the handshake timeout as before. Not set by
+/// Go (upstream); failing to set it (another OS) only loses the protection.
+#[allow(unsafe_code)] // setsockopt(2)
+fn defer_accept(socket: &tokio::net::TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let seconds: libc::c_int = 1;
+    // SAFETY: an int option on the socket's own open descriptor.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const seconds).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "secure port: TCP_DEFER_ACCEPT not set: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// The kernel's `net.core.somaxconn` (the longest accept queue it allows), 4096 when unreadable.
+fn listen_backlog() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(4096)
+}
+
 /// Serve `app` over HTTPS on `addr` until `stop` is cancelled; returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
@@ -444,10 +653,23 @@ pub async fn serve(
     limits: Limits,
     stop: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    // The listen backlog as Go's net package sets it (upstream): the kernel's somaxconn, not
+    // tokio's 1024. A full accept queue drops new SYNs, and a dropped SYN costs the client a
+    // 1 s retransmission, the kubelet's whole probe timeout: under a flood of new connections
+    // the longer queue keeps the probe's connect from failing while the accept loop catches up.
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    defer_accept(&socket);
+    socket.bind(addr)?;
+    let listener = socket.listen(listen_backlog())?;
     let local = listener.local_addr()?;
     let conns = Arc::new(Conns {
         live: Mutex::new(HashMap::new()),
+        silent: Mutex::new(std::collections::VecDeque::new()),
         next_id: std::sync::atomic::AtomicU64::new(0),
         max: limits.max_connections.max(1),
         last_cap_warning: Mutex::new(None),
@@ -467,7 +689,9 @@ pub async fn serve(
                     }
                 },
             };
-            let Some(handle) = conns.admit() else {
+            use std::os::fd::AsRawFd;
+            let fd = tcp.as_raw_fd();
+            let Some(handle) = conns.admit(has_spoken(fd)) else {
                 drop(tcp);
                 continue;
             };
@@ -598,6 +822,7 @@ mod tests {
     fn conns(max: usize) -> Arc<Conns> {
         Arc::new(Conns {
             live: Mutex::new(HashMap::new()),
+            silent: Mutex::new(std::collections::VecDeque::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
             max,
             last_cap_warning: Mutex::new(None),
@@ -611,32 +836,45 @@ mod tests {
     #[test]
     fn the_cap_closes_silent_connections_first_and_never_one_in_its_handshake() {
         let conns = conns(3);
-        let kubelet = conns.admit().unwrap();
+        let kubelet = conns.admit(false).unwrap();
         stage(&kubelet, Stage::Handshake);
-        let flood: Vec<ConnHandle> = (0..2).map(|_| conns.admit().unwrap()).collect();
+        let flood: Vec<ConnHandle> = (0..2).map(|_| conns.admit(false).unwrap()).collect();
         // Newer silent connections go first, oldest first; the handshake stays.
-        let newer = conns.admit().unwrap();
+        let newer = conns.admit(false).unwrap();
         assert!(flood[0].close.is_cancelled() && !flood[1].close.is_cancelled());
-        let _newest = conns.admit().unwrap();
+        let _newest = conns.admit(false).unwrap();
         assert!(flood[1].close.is_cancelled());
         assert!(!kubelet.close.is_cancelled());
         // Only handshakes left (and silent ones turned into handshakes): refused.
         stage(&newer, Stage::Handshake);
         stage(&_newest, Stage::Handshake);
-        assert!(conns.admit().is_none());
+        assert!(conns.admit(false).is_none());
         assert!(!kubelet.close.is_cancelled());
+    }
+
+    #[test]
+    fn a_connection_whose_client_spoke_before_its_accept_is_never_the_silent_victim() {
+        let conns = conns(2);
+        // The probe's ClientHello was waiting when it was accepted: admitted in its handshake.
+        let probe = conns.admit(true).unwrap();
+        let flood: Vec<ConnHandle> = (0..100).map(|_| conns.admit(false).unwrap()).collect();
+        assert!(!probe.close.is_cancelled());
+        assert!(flood[..99].iter().all(|f| f.close.is_cancelled()));
+        assert!(!flood[99].close.is_cancelled());
+        // The queue of silent ids stays bounded although most of it is stale.
+        assert!(conns.silent.lock().unwrap().len() <= 4);
     }
 
     #[test]
     fn the_cap_closes_the_longest_idle_connection_and_never_a_busy_one() {
         let conns = conns(2);
-        let a = Arc::new(conns.admit().unwrap());
-        let b = Arc::new(conns.admit().unwrap());
+        let a = Arc::new(conns.admit(false).unwrap());
+        let b = Arc::new(conns.admit(false).unwrap());
         stage(&a, Stage::Established);
         stage(&b, Stage::Established);
         // `a` is in a request, so `b` is the one to close although it is newer.
         let in_request = a.request();
-        let c = conns.admit().unwrap();
+        let c = conns.admit(false).unwrap();
         assert!(b.close.is_cancelled());
         assert!(!a.close.is_cancelled());
         assert!(b.idle_for().is_none(), "forgotten once closed");
@@ -644,10 +882,10 @@ mod tests {
         // Both remaining connections busy: a new one is refused.
         stage(&c, Stage::Established);
         let _c_busy = Arc::new(c).request();
-        assert!(conns.admit().is_none());
+        assert!(conns.admit(false).is_none());
         drop(in_request);
         assert!(a.idle_for().is_some());
-        let d = conns.admit().unwrap();
+        let d = conns.admit(false).unwrap();
         stage(&d, Stage::Established);
         assert!(a.close.is_cancelled());
         drop(d);
@@ -662,7 +900,7 @@ mod tests {
             key_pem: key,
             origin: "test".into(),
         };
-        tls_config(&generated, &[]).unwrap();
+        tls_config(&generated, &[], &TlsPolicy::default()).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
@@ -685,7 +923,7 @@ mod tests {
             first.cert_pem, second.cert_pem,
             "read back, not regenerated"
         );
-        tls_config(&second, &[]).unwrap();
+        tls_config(&second, &[], &TlsPolicy::default()).unwrap();
         let in_memory = serving_cert(None, None, unspecified).unwrap();
         assert_eq!(in_memory.origin, "self-signed, in memory");
         assert_ne!(in_memory.cert_pem, first.cert_pem);
@@ -713,7 +951,7 @@ mod tests {
         let garbage = dir.path().join("garbage.pem");
         std::fs::write(&garbage, "hello").unwrap();
         let bad = serving_cert(Some((&garbage, &garbage)), None, unspecified).unwrap();
-        assert!(tls_config(&bad, &[])
+        assert!(tls_config(&bad, &[], &TlsPolicy::default())
             .unwrap_err()
             .contains("no PEM certificate"));
     }

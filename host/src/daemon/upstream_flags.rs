@@ -412,13 +412,16 @@ pub struct UpstreamArgs {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true",
           value_parser = parse_go_bool, action = ArgAction::Set)]
     pub disable_http2_serving: Option<bool>,
-    /// [no effect] TLS cipher suites (Go names); rustls chooses among its safe suites.
+    /// TLS cipher suites (Go names) of the secure port: the AEAD suites with forward secrecy
+    /// (rustls); others are refused. Governs TLS 1.2; TLS 1.3 suites are restricted only when
+    /// the list names some.
     #[arg(long, value_name = "SUITES", value_delimiter = ',')]
     pub tls_cipher_suites: Option<Vec<String>>,
     /// [no effect] TLS key exchange groups (numeric IDs).
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
     pub tls_curve_preferences: Option<Vec<i32>>,
-    /// Minimum TLS version; ccm-host serves TLS 1.2 and 1.3 (upstream's default VersionTLS12).
+    /// Minimum TLS version: VersionTLS12 (default) or VersionTLS13; ccm-host serves TLS 1.2 and
+    /// 1.3 only, so VersionTLS10 and VersionTLS11 are refused.
     #[arg(long, value_name = "VERSION")]
     pub tls_min_version: Option<String>,
     /// [no effect] SNI certificate and key (repeatable).
@@ -530,6 +533,11 @@ const GO_CIPHER_SUITES: &[&str] = &[
     "TLS_RSA_WITH_RC4_128_SHA",
 ];
 
+/// Whether Go's `crypto/tls` knows this suite name (upstream accepts it).
+pub fn is_go_cipher_suite(name: &str) -> bool {
+    GO_CIPHER_SUITES.contains(&name)
+}
+
 /// Upstream's `--tls-min-version` values.
 const TLS_VERSIONS: &[&str] = &[
     "VersionTLS10",
@@ -565,6 +573,14 @@ fn check_named_cert_key(value: &str) -> Result<(), &'static str> {
 }
 
 impl UpstreamArgs {
+    /// The secure port's TLS policy of `--tls-cipher-suites` and `--tls-min-version`.
+    pub fn tls_policy(&self) -> Result<super::serving::TlsPolicy, Vec<String>> {
+        super::serving::TlsPolicy::from_flags(
+            list(&self.tls_cipher_suites),
+            self.tls_min_version.as_deref(),
+        )
+    }
+
     /// Check the values as upstream does, adding one message per problem to `errors`; returns
     /// the feature gates (the defaults when `--feature-gates` is invalid).
     pub fn validate(&self, secure_port: u16, errors: &mut Vec<String>) -> FeatureGates {
@@ -651,6 +667,10 @@ impl UpstreamArgs {
                         TLS_VERSIONS.join(", ")
                     ));
                 }
+            }
+            // Values upstream knows that ccm-host cannot serve (rustls): refused too.
+            if let Err(unsupported) = self.tls_policy() {
+                errors.extend(unsupported);
             }
         }
         for (flag, values) in [
@@ -782,20 +802,10 @@ impl UpstreamArgs {
             "leader-migration-config",
         );
         add(
-            !list(&self.tls_cipher_suites).is_empty(),
-            "tls-cipher-suites",
-        );
-        add(
             self.tls_curve_preferences
                 .as_ref()
                 .is_some_and(|v| !v.is_empty()),
             "tls-curve-preferences",
-        );
-        add(
-            self.tls_min_version
-                .as_deref()
-                .is_some_and(|v| !v.is_empty() && v != "VersionTLS12"),
-            "tls-min-version",
         );
         add(!self.tls_sni_cert_key.is_empty(), "tls-sni-cert-key");
         add(is_true(self.permit_port_sharing), "permit-port-sharing");
@@ -1011,6 +1021,28 @@ mod tests {
                 "--requestheader-uid-headers requires the \"RemoteRequestHeaderUID\" feature to be enabled",
             ]
         );
+    }
+
+    #[test]
+    fn tls_values_rustls_cannot_serve_are_refused_one_line_each() {
+        assert_eq!(
+            validate(&[
+                "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_RSA_WITH_AES_128_CBC_SHA",
+                "--tls-min-version=VersionTLS10",
+            ]),
+            [
+                "--tls-min-version: VersionTLS10 is not supported: ccm-host serves TLS 1.2 and 1.3 only (VersionTLS12, the default, or VersionTLS13)",
+                "--tls-cipher-suites: TLS_RSA_WITH_AES_128_CBC_SHA is not supported: ccm-host serves only AEAD suites with forward secrecy (no CBC, RC4, 3DES or RSA key exchange): TLS_AES_128_GCM_SHA256, TLS_AES_256_GCM_SHA384, TLS_CHACHA20_POLY1305_SHA256, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384, TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+            ]
+        );
+        let policy = parse(&[
+            "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305,TLS_AES_256_GCM_SHA384",
+            "--tls-min-version=VersionTLS13",
+        ])
+        .tls_policy()
+        .unwrap();
+        assert!(policy.tls13_only);
+        assert!(validate(&["--tls-min-version=VersionTLS13"]).is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use ccm_provider_abi::ext::{self, ExtV1_1Export, PanicStrategy, PluginExtV1_1_Re
 use ccm_provider_abi::ext_v1_2::{self, ExtV1_2Export, PluginExtV1_2_Ref};
 
 use super::registrar::HostRegistrar;
-use super::{Factory, LoadedPlugin, SelectError};
+use super::{Factory, LoadedPlugin, Refusal, SelectError};
 
 /// How plugins are loaded.
 #[derive(Debug, Clone)]
@@ -76,7 +76,7 @@ pub(super) fn plugin_files(
 }
 
 /// The command that fixes the ownership or mode problem of `path` (`chmod go-w`, else `chown`).
-fn fix_command(meta: &fs::Metadata, path: &Path) -> String {
+pub(super) fn fix_command(meta: &fs::Metadata, path: &Path) -> String {
     let quoted = shell_quote(&path.to_string_lossy());
     if meta.permissions().mode() & 0o022 != 0 {
         format!("chmod go-w {quoted}")
@@ -98,7 +98,7 @@ fn shell_quote(s: &str) -> String {
 }
 
 #[allow(unsafe_code)] // geteuid
-fn ownership_problem(meta: &fs::Metadata) -> Option<String> {
+pub(super) fn ownership_problem(meta: &fs::Metadata) -> Option<String> {
     let mode = meta.permissions().mode();
     if mode & 0o022 != 0 {
         return Some(format!(
@@ -142,18 +142,20 @@ fn with_deadline<T: Send + 'static>(
 /// and every directory above it checked as sudo and ssh do (owned by root or the current user,
 /// not writable by group or others unless sticky). With `allow_insecure` each problem is a
 /// warning instead of a refusal.
-fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String> {
-    let resolved = fs::canonicalize(path).map_err(|e| format!("cannot read the file: {e}"))?;
+fn open_checked(path: &Path, options: &LoaderOptions) -> Result<(fs::File, PathBuf), Refusal> {
+    let unreadable = |why: String| Refusal::Unreadable(why);
+    let resolved =
+        fs::canonicalize(path).map_err(|e| unreadable(format!("cannot read the file: {e}")))?;
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(&resolved)
-        .map_err(|e| format!("cannot open {}: {e}", resolved.display()))?;
+        .map_err(|e| unreadable(format!("cannot open {}: {e}", resolved.display())))?;
     let meta = file
         .metadata()
-        .map_err(|e| format!("cannot read the file: {e}"))?;
+        .map_err(|e| unreadable(format!("cannot read the file: {e}")))?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(unreadable("not a regular file".into()));
     }
     let mut problems = Vec::new();
     let mut fixes = Vec::new();
@@ -167,33 +169,29 @@ fn open_checked(path: &Path, options: &LoaderOptions) -> Result<fs::File, String
         fixes.push(fix_command(&meta, &resolved));
     }
     for dir in resolved.ancestors().skip(1) {
-        let dir_meta =
-            fs::metadata(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let dir_meta = fs::metadata(dir)
+            .map_err(|e| unreadable(format!("cannot read {}: {e}", dir.display())))?;
         if let Some(problem) = directory_problem(&dir_meta) {
             problems.push(format!("the directory {} {problem}", dir.display()));
             fixes.push(fix_command(&dir_meta, dir));
         }
     }
     if problems.is_empty() {
-        return Ok(file);
+        return Ok((file, resolved));
     }
     if options.allow_insecure {
         for problem in &problems {
             tracing::warn!(plugin = %path.display(), "loading anyway (--allow-insecure-plugins): {problem}");
         }
-        return Ok(file);
+        return Ok((file, resolved));
     }
-    Err(format!(
-        "refusing to load: {}; fix it with `{}` or pass --allow-insecure-plugins",
-        problems.join("; "),
-        fixes.join(" && ")
-    ))
+    Err(Refusal::Insecure { problems, fixes })
 }
 
 /// A directory above a plugin is unsafe when someone other than root or the current user could
 /// replace what it holds: another owner, or writable by group/others without the sticky bit.
 #[allow(unsafe_code)] // geteuid
-fn directory_problem(meta: &fs::Metadata) -> Option<String> {
+pub(super) fn directory_problem(meta: &fs::Metadata) -> Option<String> {
     let mode = meta.permissions().mode();
     let sticky = mode & 0o1000 != 0;
     if mode & 0o022 != 0 && !sticky {
@@ -215,9 +213,15 @@ fn directory_problem(meta: &fs::Metadata) -> Option<String> {
 
 /// Load and register one plugin; `Err` is the one-line reason it was refused.
 #[allow(unsafe_code)] // dlopen and reading the plugin's exported symbols
-pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, String> {
-    let file = open_checked(path, options)?;
-    check_elf(&file)?;
+pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Refusal> {
+    let (file, resolved) = open_checked(path, options)?;
+    let dynamic = check_elf(&file)?;
+    // The libraries it needs through its own search path, checked like the plugin and loaded
+    // by descriptor before it (deps.rs: also what makes `$ORIGIN` work).
+    let dependencies = super::deps::resolve(&resolved, &dynamic, options)?;
+    crate::runtime::crash::in_plugin(path, "loading its dependencies", || {
+        super::deps::preload(dependencies)
+    })?;
 
     // Load exactly the file that was checked: through its open descriptor, so that a path
     // swapped after the checks (a symlink, a rename) cannot substitute another library.
@@ -226,13 +230,13 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
     let fd_path = format!("/proc/self/fd/{}", file.as_raw_fd());
     // SAFETY: loading a library runs its initialisers (ELF constructors) before any check of
     // its contents: the permission checks above are the trust boundary (docs/writing-a-provider.md).
-    let library = unsafe {
+    let library = crate::runtime::crash::in_plugin(path, "loading", || unsafe {
         libloading::os::unix::Library::open(
             Some(&fd_path),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
         )
-    }
-    .map_err(|e| format!("cannot be loaded as a shared library: {}", dl_reason(&e)))?;
+    })
+    .map_err(|e| Refusal::Dlopen(dl_reason(&e)))?;
     // The dynamic loader knows this library by the name /proc/self/fd/N and would hand it out
     // again for a later dlopen of the same name: keep the descriptor (and so the number) for
     // the life of the process, as the library itself is never unloaded.
@@ -244,11 +248,11 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
         match library.get::<AbiHeaderRef>(ROOT_MODULE_LOADER_NAME_WITH_NUL.as_bytes()) {
             Ok(symbol) => *symbol,
             Err(_) => {
-                return Err(
-                    "is not a ccm-host provider plugin (it exports no plugin root module; \
-                     build it with ccm_provider_abi::export_plugin!)"
+                return Err(Refusal::NotAPlugin(
+                    "it exports no plugin root module; build it with \
+                     ccm_provider_abi::export_plugin!"
                         .into(),
-                )
+                ))
             }
         }
     };
@@ -278,15 +282,8 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
     std::mem::forget(library);
 
     let lib_header = header.upgrade().map_err(|e| match e {
-        LibraryError::InvalidAbiHeader(_) => {
-            "was built with an incompatible abi_stable release; rebuild it against the \
-             ccm-provider-abi version this host uses"
-                .to_string()
-        }
-        other => format!(
-            "abi_stable header check failed: {}",
-            first_line(&other.to_string())
-        ),
+        LibraryError::InvalidAbiHeader(_) => Refusal::AbiStableRelease,
+        other => Refusal::AbiHeader(first_line(&other.to_string())),
     })?;
 
     let mut abi_version = lib_header.version_strings().version.to_string();
@@ -300,29 +297,18 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
                 | LibraryError::IncompatibleVersionNumber { .. } => {
                     let full = e.to_string();
                     tracing::debug!(plugin = %path.display(), "full ABI report:\n{full}");
-                    format!(
-                        "its plugin interface does not match this host{}; {}",
-                        root_mismatch(lib_header.layout())
+                    Refusal::InterfaceMismatch {
+                        detail: root_mismatch(lib_header.layout())
                             .unwrap_or_else(|| format!(" ({})", useful_tail(&full))),
-                        rebuild_advice()
-                    )
+                        advice: rebuild_advice(),
+                    }
                 }
-                other => format!(
-                    "its root module failed to initialise: {}",
-                    first_line(&other.to_string())
-                ),
+                other => Refusal::RootModuleInit(first_line(&other.to_string())),
             })?;
 
     let registrar = HostRegistrar::new(path, options.max_log_level);
     let result = match (ext_fn, ext_v1_2_fn) {
-        (None, Some(_)) => {
-            return Err(format!(
-                "exports the ABI 1.2 extension ({}) without the 1.1 extension ({}) every 1.2 \
-                 plugin has; build it with ccm_provider_abi::export_plugin!",
-                ext_v1_2::EXT_V1_2_SYMBOL,
-                ext::EXT_V1_1_SYMBOL
-            ))
-        }
+        (None, Some(_)) => return Err(Refusal::Extension12Without11),
         (Some(ext_fn), Some(ext_v1_2_fn)) => {
             // The 1.1 module still carries the panic strategy.
             check_ext_v1_1(path, ext_fn())?;
@@ -330,31 +316,35 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
             abi_version = ext_module.abi_version().to_string();
             check_version(&abi_version)?;
             let (register, abi) = (ext_module.register(), registrar.to_abi_v1_2());
-            with_deadline(REGISTER_DEADLINE, move || register(abi))
+            let plugin = path.to_path_buf();
+            with_deadline(REGISTER_DEADLINE, move || {
+                crate::runtime::crash::in_plugin(&plugin, "register", || register(abi))
+            })
         }
         (Some(ext_fn), None) => {
             let ext_module = check_ext_v1_1(path, ext_fn())?;
             abi_version = ext_module.abi_version().to_string();
             check_version(&abi_version)?;
             let (register, abi) = (ext_module.register(), registrar.to_abi_v1_1());
-            with_deadline(REGISTER_DEADLINE, move || register(abi))
+            let plugin = path.to_path_buf();
+            with_deadline(REGISTER_DEADLINE, move || {
+                crate::runtime::crash::in_plugin(&plugin, "register", || register(abi))
+            })
         }
         (None, None) => {
             let (register, abi) = (module.register(), registrar.to_abi());
-            with_deadline(REGISTER_DEADLINE, move || register(abi))
+            let plugin = path.to_path_buf();
+            with_deadline(REGISTER_DEADLINE, move || {
+                crate::runtime::crash::in_plugin(&plugin, "register", || register(abi))
+            })
         }
     };
     let registrations = registrar.take();
     match result {
-        None => {
-            return Err(format!(
-                "its register function did not return within {REGISTER_DEADLINE:?} (it is left \
-                 running on its own thread; the plugin is not used)"
-            ))
-        }
+        None => return Err(Refusal::RegisterTimeout(REGISTER_DEADLINE)),
         Some(r) => {
             if let Err(e) = r.into_result() {
-                return Err(format!("its register function failed: {e}"));
+                return Err(Refusal::RegisterFailed(e.to_string()));
             }
         }
     }
@@ -372,50 +362,54 @@ pub(super) fn load(path: &Path, options: &LoaderOptions) -> Result<Loaded, Strin
 
 /// Check the 1.1 extension module a plugin exported: its layout against this host's, then
 /// the plugin's panic strategy.
-fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Ref, String> {
+fn check_ext_v1_1(path: &Path, export: ExtV1_1Export) -> Result<PluginExtV1_1_Ref, Refusal> {
     if let Err(errors) = abi_stable::abi_stability::abi_checking::check_layout_compatibility(
         ext::expected_layout(),
         export.layout,
     ) {
         tracing::debug!(plugin = %path.display(), "full ABI report of the 1.1 extension:\n{errors}");
-        return Err(format!(
-            "its ABI 1.1 extension does not match this host: {}; {}",
-            describe_mismatch(&errors),
-            rebuild_advice()
-        ));
+        return Err(Refusal::ExtensionMismatch {
+            detail: describe_mismatch(&errors),
+            advice: rebuild_advice(),
+        });
     }
     let module = export.module;
     if module.panic_strategy() == PanicStrategy::ABORT {
-        return Err(
-            "was built with panic = \"abort\": its first panic would end the whole host; \
-             rebuild it with panic = \"unwind\" (the default) so the SDK can catch panics"
-                .into(),
-        );
+        return Err(Refusal::PanicAbort);
     }
     Ok(module)
 }
 
 /// Check the 1.2 extension module a plugin exported: its layout against this host's.
-fn check_ext_v1_2(path: &Path, export: ExtV1_2Export) -> Result<PluginExtV1_2_Ref, String> {
+fn check_ext_v1_2(path: &Path, export: ExtV1_2Export) -> Result<PluginExtV1_2_Ref, Refusal> {
     if let Err(errors) = abi_stable::abi_stability::abi_checking::check_layout_compatibility(
         ext_v1_2::expected_layout(),
         export.layout,
     ) {
         tracing::debug!(plugin = %path.display(), "full ABI report of the 1.2 extension:\n{errors}");
-        return Err(format!(
-            "its ABI 1.2 extension does not match this host: {}; {}",
-            describe_mismatch(&errors),
-            rebuild_advice()
-        ));
+        return Err(Refusal::Extension12Mismatch {
+            detail: describe_mismatch(&errors),
+            advice: rebuild_advice(),
+        });
     }
     Ok(export.module)
 }
 
 /// Validate the ELF header and program headers before `dlopen`: the dynamic loader maps
 /// segments straight from the file, so a truncated library would crash the host with SIGBUS
-/// instead of failing cleanly. Reads only the header and the program header table from the
-/// open file (a 1 GiB file costs two small reads, not 1 GiB of memory).
-fn check_elf(file: &fs::File) -> Result<(), String> {
+/// instead of failing cleanly. Reads only the header, the program header table and the dynamic
+/// section with its string table from the open file (a 1 GiB file costs a few small reads, not
+/// 1 GiB of memory), and returns what the dynamic section says about dependencies.
+///
+/// Parsed here rather than with the `object` crate: `object` is in the tree only as a build
+/// dependency (of psm, through ar_archive_writer), so using it would compile it again for the
+/// host, for the three tables this function already walks.
+fn check_elf(file: &fs::File) -> Result<Dynamic, Refusal> {
+    read_elf(file).map_err(Refusal::NotAPlugin)
+}
+
+/// [`check_elf`]'s checks with the bare reason (used for dependencies too).
+pub(super) fn read_elf(file: &fs::File) -> Result<Dynamic, String> {
     use std::os::unix::fs::FileExt;
     let len = file
         .metadata()
@@ -434,12 +428,11 @@ fn check_elf(file: &fs::File) -> Result<(), String> {
         Ok(buf)
     };
     check_elf_with(len, &mut read)
-        .map_err(|why| format!("is not a ccm-host provider plugin ({why})"))
 }
 
 /// [`check_elf`] over an in-memory file (tests).
 #[cfg(test)]
-fn check_elf_bytes(b: &[u8]) -> Result<(), String> {
+fn check_elf_bytes(b: &[u8]) -> Result<Dynamic, String> {
     let mut read = |offset: u64, size: usize| -> std::io::Result<Vec<u8>> {
         let start = usize::try_from(offset).unwrap_or(usize::MAX).min(b.len());
         Ok(b[start..(start + size).min(b.len())].to_vec())
@@ -451,7 +444,7 @@ fn check_elf_bytes(b: &[u8]) -> Result<(), String> {
 fn check_elf_with(
     len: u64,
     read: &mut dyn FnMut(u64, usize) -> std::io::Result<Vec<u8>>,
-) -> Result<(), String> {
+) -> Result<Dynamic, String> {
     const HEADER: usize = 64;
     let io = |e: std::io::Error| format!("cannot read the file: {e}");
     let b = read(0, HEADER).map_err(io)?;
@@ -517,23 +510,133 @@ fn check_elf_with(
             "truncated or corrupt: program headers lie outside the {len}-byte file"
         ));
     }
+    // (p_vaddr, p_offset, p_filesz) of each loadable segment, and the dynamic segment.
+    let mut loads = Vec::new();
+    let mut dynamic_segment = None;
     for i in 0..phnum {
         let ph = usize::try_from(i * phentsize).map_err(|_| "corrupt program header offset")?;
         let p_type = u32_at(&table, ph);
-        let (offset, filesz) = (u64_at(&table, ph + 8), u64_at(&table, ph + 32));
-        if p_type == 1 && offset.checked_add(filesz).is_none_or(|end| end > len) {
+        let (offset, vaddr, filesz) = (
+            u64_at(&table, ph + 8),
+            u64_at(&table, ph + 16),
+            u64_at(&table, ph + 32),
+        );
+        if matches!(p_type, 1 | 2) && offset.checked_add(filesz).is_none_or(|end| end > len) {
             return Err(format!(
-                "truncated: a loadable segment ends at byte {} but the file has {len} bytes",
+                "truncated: a {} segment ends at byte {} but the file has {len} bytes",
+                if p_type == 1 { "loadable" } else { "dynamic" },
                 offset.saturating_add(filesz)
             ));
         }
+        match p_type {
+            1 => loads.push((vaddr, offset, filesz)),
+            2 => dynamic_segment = Some((offset, filesz)),
+            _ => {}
+        }
     }
-    Ok(())
+    match dynamic_segment {
+        Some((offset, size)) => read_dynamic(offset, size, &loads, read),
+        None => Ok(Dynamic::default()),
+    }
+}
+
+/// What a shared library's dynamic section says about the libraries it needs: its DT_NEEDED
+/// names, its own DT_SONAME, and where it asks the dynamic loader to look (DT_RPATH,
+/// DT_RUNPATH; `None` when absent).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Dynamic {
+    pub needed: Vec<String>,
+    pub soname: Option<String>,
+    pub rpath: Option<String>,
+    pub runpath: Option<String>,
+}
+
+/// Parse the dynamic segment (`size` bytes at `offset`): 16-byte (tag, value) entries up to
+/// DT_NULL. The strings live in the string table, which the section names by virtual address:
+/// mapped back to a file offset through the loadable segment that holds it.
+fn read_dynamic(
+    offset: u64,
+    size: u64,
+    loads: &[(u64, u64, u64)],
+    read: &mut dyn FnMut(u64, usize) -> std::io::Result<Vec<u8>>,
+) -> Result<Dynamic, String> {
+    const DT_NULL: u64 = 0;
+    const DT_NEEDED: u64 = 1;
+    const DT_STRTAB: u64 = 5;
+    const DT_STRSZ: u64 = 10;
+    const DT_SONAME: u64 = 14;
+    const DT_RPATH: u64 = 15;
+    const DT_RUNPATH: u64 = 29;
+    // A dynamic section has a few dozen entries; a string table a few KiB (a big C++ library:
+    // a few MiB). Larger is a corrupt file, not worth the memory.
+    const MAX_DYNAMIC: u64 = 1 << 20;
+    const MAX_STRTAB: u64 = 64 << 20;
+    let io = |e: std::io::Error| format!("cannot read the file: {e}");
+    if size > MAX_DYNAMIC {
+        return Err(format!("corrupt: a dynamic section of {size} bytes"));
+    }
+    let bytes = read(offset, size as usize).map_err(io)?;
+    let mut entries = Vec::new();
+    for entry in bytes.chunks_exact(16) {
+        let tag = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
+        let value = u64::from_le_bytes(entry[8..].try_into().expect("8 bytes"));
+        if tag == DT_NULL {
+            break;
+        }
+        entries.push((tag, value));
+    }
+    let find = |wanted: u64| entries.iter().find(|(t, _)| *t == wanted).map(|(_, v)| *v);
+    let string_offsets: Vec<&(u64, u64)> = entries
+        .iter()
+        .filter(|(t, _)| matches!(*t, DT_NEEDED | DT_SONAME | DT_RPATH | DT_RUNPATH))
+        .collect();
+    if string_offsets.is_empty() {
+        return Ok(Dynamic::default());
+    }
+    let (Some(strtab), Some(strsz)) = (find(DT_STRTAB), find(DT_STRSZ)) else {
+        return Err("corrupt: its dynamic section names libraries but has no string table".into());
+    };
+    if strsz > MAX_STRTAB {
+        return Err(format!("corrupt: a string table of {strsz} bytes"));
+    }
+    let file_offset = loads
+        .iter()
+        .find(|(vaddr, _, filesz)| {
+            strtab >= *vaddr
+                && strtab
+                    .checked_add(strsz)
+                    .is_some_and(|end| end <= vaddr.saturating_add(*filesz))
+        })
+        .map(|(vaddr, offset, _)| strtab - vaddr + offset)
+        .ok_or("corrupt: its string table lies outside its loadable segments")?;
+    let strings = read(file_offset, strsz as usize).map_err(io)?;
+    let string = |at: u64| -> Result<String, String> {
+        let tail = usize::try_from(at)
+            .ok()
+            .and_then(|at| strings.get(at..))
+            .ok_or("corrupt: a dynamic string lies outside the string table")?;
+        let end = tail
+            .iter()
+            .position(|b| *b == 0)
+            .ok_or("corrupt: an unterminated dynamic string")?;
+        Ok(String::from_utf8_lossy(&tail[..end]).into_owned())
+    };
+    let mut dynamic = Dynamic::default();
+    for (tag, value) in string_offsets {
+        let text = string(*value)?;
+        match *tag {
+            DT_NEEDED => dynamic.needed.push(text),
+            DT_SONAME => dynamic.soname = Some(text),
+            DT_RPATH => dynamic.rpath = Some(text),
+            _ => dynamic.runpath = Some(text),
+        }
+    }
+    Ok(dynamic)
 }
 
 /// The dynamic loader's own reason (libloading's `Display` is only "dlopen failed"; dlerror's
 /// text is the error's source), without the path it repeats.
-fn dl_reason(e: &libloading::Error) -> String {
+pub(super) fn dl_reason(e: &libloading::Error) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -560,15 +663,16 @@ pub fn rebuild_advice() -> String {
 
 /// Any plugin of the host's major version loads: older minors through the frozen 1.0 interface
 /// and the extension modules they have, newer ones with the extensions this host knows.
-fn check_version(plugin: &str) -> Result<(), String> {
+fn check_version(plugin: &str) -> Result<(), Refusal> {
     let (major, _) = host_abi();
-    let parsed = parse_version(plugin)
-        .ok_or_else(|| format!("records an unparsable ccm-provider-abi version {plugin:?}"))?;
+    let parsed =
+        parse_version(plugin).ok_or_else(|| Refusal::AbiVersionUnparsable(plugin.to_string()))?;
     if parsed.0 != major {
-        return Err(format!(
-            "was built against ccm-provider-abi {plugin}, this host loads {major}.x: {}",
-            rebuild_advice()
-        ));
+        return Err(Refusal::AbiVersion {
+            plugin: plugin.to_string(),
+            host_major: major,
+            advice: rebuild_advice(),
+        });
     }
     Ok(())
 }
@@ -838,11 +942,10 @@ mod tests {
             panic!("a foreign layout is refused")
         };
         assert!(
-            err.starts_with("its ABI 1.2 extension does not match this host: "),
+            matches!(&err, Refusal::Extension12Mismatch { advice, .. } if *advice == rebuild_advice()),
             "{err}"
         );
-        assert!(err.ends_with(&rebuild_advice()), "{err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(err.to_string().lines().count(), 1, "{err}");
     }
 
     #[test]
@@ -852,11 +955,24 @@ mod tests {
         assert!(check_version("1.3.2").is_ok());
         let err = check_version("0.9.0").unwrap_err();
         assert!(
-            err.contains("this host loads 1.x: rebuild it against ccm-provider-abi 1.x, x <= "),
+            matches!(&err, Refusal::AbiVersion { plugin, host_major: 1, .. } if plugin == "0.9.0"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with(
+                "was built against ccm-provider-abi 0.9.0, this host loads 1.x: rebuild it \
+                 against ccm-provider-abi 1.x, x <= "
+            ),
             "{err}"
         );
-        assert!(check_version("2.0.0").is_err());
-        assert!(check_version("garbage").unwrap_err().contains("unparsable"));
+        assert!(matches!(
+            check_version("2.0.0"),
+            Err(Refusal::AbiVersion { .. })
+        ));
+        assert_eq!(
+            check_version("garbage"),
+            Err(Refusal::AbiVersionUnparsable("garbage".into()))
+        );
     }
 
     #[test]

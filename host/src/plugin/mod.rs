@@ -5,7 +5,9 @@
 //! one-line reason naming the file, and only becomes fatal if the user selected one of its
 //! providers (see [`PluginRegistry::create`]).
 
+mod deps;
 mod loader;
+mod refusal;
 mod registrar;
 
 use std::collections::BTreeMap;
@@ -19,6 +21,7 @@ use ccm_provider_abi::ext_v1_2::ProviderFactoryV1_2Box;
 use serde::Serialize;
 
 pub use loader::LoaderOptions;
+pub use refusal::Refusal;
 
 /// A plugin file that loaded and registered at least one provider.
 #[derive(Debug, Clone, Serialize)]
@@ -35,18 +38,30 @@ pub struct LoadedPlugin {
     pub providers: Vec<String>,
 }
 
-/// A plugin file that was refused, with the reason.
-#[derive(Debug, Clone, Serialize)]
+/// A plugin file that was refused, with the reason. Serialized as `{path, kind, reason}`:
+/// the refusal's variant name and its one line.
+#[derive(Debug, Clone)]
 pub struct RefusedPlugin {
     /// The file.
     pub path: PathBuf,
-    /// One line a user can act on.
-    pub reason: String,
+    /// Why; its `Display` is one line a user can act on.
+    pub refusal: Refusal,
+}
+
+impl Serialize for RefusedPlugin {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("RefusedPlugin", 3)?;
+        s.serialize_field("path", &self.path)?;
+        s.serialize_field("kind", self.refusal.kind())?;
+        s.serialize_field("reason", &self.refusal.to_string())?;
+        s.end()
+    }
 }
 
 impl fmt::Display for RefusedPlugin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.reason)
+        write!(f, "{}: {}", self.path.display(), self.refusal)
     }
 }
 
@@ -98,28 +113,21 @@ pub struct PluginRegistry {
 pub const MAX_PROVIDER_NAME: usize = 128;
 
 /// A provider name must be a short, printable word.
-fn check_provider_name(name: &str) -> Result<(), String> {
-    if name.trim().is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "the plugin registered an invalid provider name {name:?} (empty or containing spaces)"
-        ));
-    }
-    if name.len() > MAX_PROVIDER_NAME {
-        return Err(format!(
-            "the plugin registered a provider name of {} bytes (at most {MAX_PROVIDER_NAME}): {:?}…",
-            name.len(),
-            name.chars().take(32).collect::<String>()
-        ));
+fn check_provider_name(name: &str) -> Result<(), Refusal> {
+    if name.trim().is_empty()
+        || name.chars().any(|c| c.is_whitespace() || c.is_control())
+        || name.len() > MAX_PROVIDER_NAME
+    {
+        return Err(Refusal::InvalidProviderName(name.to_string()));
     }
     Ok(())
 }
 
-fn duplicate_reason(name: &str, files: &[PathBuf]) -> String {
-    let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    format!(
-        "provider {name:?} is registered by {}; it is refused for all of them: remove all but one",
-        files.join(" and ")
-    )
+fn duplicate_reason(name: &str, files: &[PathBuf]) -> Refusal {
+    Refusal::DuplicateProvider {
+        name: name.to_string(),
+        files: files.to_vec(),
+    }
 }
 
 /// Errors that stop the host: the selected provider cannot be had.
@@ -181,11 +189,11 @@ impl PluginRegistry {
     pub fn load_file(&mut self, path: &Path, options: &LoaderOptions) {
         let outcome = loader::load(path, options);
         match outcome {
-            Err(reason) => {
-                self.log_refused(path, &reason);
+            Err(refusal) => {
+                self.log_refused(path, &refusal);
                 self.refused.push(RefusedPlugin {
                     path: path.to_path_buf(),
-                    reason,
+                    refusal,
                 });
             }
             Ok(loaded) => self.accept(loaded),
@@ -194,15 +202,15 @@ impl PluginRegistry {
 
     fn accept(&mut self, loaded: loader::Loaded) {
         let path = loaded.info.path.clone();
-        let refuse = |this: &mut Self, reason: String| {
-            this.log_refused(&path, &reason);
+        let refuse = |this: &mut Self, refusal: Refusal| {
+            this.log_refused(&path, &refusal);
             this.refused.push(RefusedPlugin {
                 path: path.clone(),
-                reason,
+                refusal,
             });
         };
         if loaded.registrations.is_empty() {
-            return refuse(self, "the plugin registered no providers".to_string());
+            return refuse(self, Refusal::NoProviders);
         }
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &loaded.registrations {
@@ -210,10 +218,7 @@ impl PluginRegistry {
                 return refuse(self, why);
             }
             if !seen.insert(name.as_str()) {
-                return refuse(
-                    self,
-                    format!("the plugin registered provider {name:?} twice"),
-                );
+                return refuse(self, Refusal::RegisteredTwice(name.clone()));
             }
         }
         let mut info = loaded.info;
@@ -235,7 +240,7 @@ impl PluginRegistry {
                 }
                 self.refused.push(RefusedPlugin {
                     path: existing.plugin_path.clone(),
-                    reason: reason.clone(),
+                    refusal: reason.clone(),
                 });
                 for p in &mut self.plugins {
                     p.providers.retain(|n| n != &name);
@@ -279,11 +284,12 @@ impl PluginRegistry {
         self.plugins.push(info);
     }
 
-    fn log_refused(&self, path: &Path, reason: &str) {
+    fn log_refused(&self, path: &Path, reason: &Refusal) {
+        let kind = reason.kind();
         if self.quiet {
-            tracing::debug!(plugin = %path.display(), "refused plugin: {reason}");
+            tracing::debug!(plugin = %path.display(), kind, "refused plugin: {reason}");
         } else {
-            tracing::error!(plugin = %path.display(), "refused plugin: {reason}");
+            tracing::error!(plugin = %path.display(), kind, "refused plugin: {reason}");
         }
     }
 
@@ -327,7 +333,9 @@ impl PluginRegistry {
     /// `PluginRegistry::create` there), so that this module does not depend on it.
     pub fn registration(&self, name: &str) -> Result<&ProviderRegistration, SelectError> {
         if let Some(files) = self.duplicates.get(name) {
-            return Err(SelectError::Unknown(duplicate_reason(name, files)));
+            return Err(SelectError::Unknown(
+                duplicate_reason(name, files).to_string(),
+            ));
         }
         self.providers
             .get(name)

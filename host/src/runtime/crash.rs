@@ -1,7 +1,9 @@
 //! Crashes name their plugin: when a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT)
 //! or `exit` ends the process during a provider call, one line on stderr names the plugin file
 //! and the call before the process dies, e.g.
-//! `ccm-host: fatal signal SIGSEGV during provider call InstanceMetadata into plugin /plugins/libacme.so`.
+//! `ccm-host: fatal signal SIGSEGV during provider call InstanceMetadata into plugin /plugins/libacme.so`;
+//! the same while a plugin is loaded (its and its dependencies' constructors) and registers
+//! (`... during register of plugin /plugins/libacme.so`).
 //!
 //! Plugins run in the host's process (a `.so` cannot be isolated from its loader), so a plugin
 //! bug that is not a Rust panic still ends the host; this only makes the cause visible. The
@@ -61,10 +63,26 @@ pub fn install() {
 /// Run `f` (a call into the plugin `plugin`) with the crash line for `call` recorded on this
 /// thread.
 pub fn in_call<T>(plugin: &std::path::Path, call: &str, f: impl FnOnce() -> T) -> T {
-    let line = format!(
-        " during provider call {call} into plugin {}\n",
-        plugin.display()
-    );
+    with_line(
+        format!(
+            " during provider call {call} into plugin {}\n",
+            plugin.display()
+        ),
+        f,
+    )
+}
+
+/// Run `f`, a step of loading the plugin `plugin` (`what`: "loading", "register"), with the
+/// crash line `during <what> of plugin <file>` recorded on this thread: a plugin whose
+/// constructors or `register` abort or fault is named, whether or not it was selected.
+pub fn in_plugin<T>(plugin: &std::path::Path, what: &str, f: impl FnOnce() -> T) -> T {
+    with_line(
+        format!(" during {what} of plugin {}\n", plugin.display()),
+        f,
+    )
+}
+
+fn with_line<T>(line: String, f: impl FnOnce() -> T) -> T {
     let previous = CURRENT.with(|c| c.replace((line.as_ptr(), line.len())));
     struct Restore((*const u8, usize));
     impl Drop for Restore {
