@@ -1249,19 +1249,7 @@ fn the_secure_port_delegates_to_the_sandboxs_api_server() {
 /// A plugin directory with the broken-provider fixture (its `ok-slow` provider is correct and
 /// keeps its cloud in memory), as cargo built it for this test run.
 fn broken_fixture_dir(dir: &Path) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .into_iter()
-        .map(|d| d.join("libccm_fixture_broken.so"))
-        .find(|p| p.is_file())
-        .expect("libccm_fixture_broken.so built by cargo");
-    let plugins = dir.join("broken-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::copy(so, plugins.join("libccm_fixture_broken.so")).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
-    plugins
+    support::plugin_dir_with(&dir.join("broken"), &["libccm_fixture_broken.so"])
 }
 
 #[test]
@@ -1355,18 +1343,10 @@ fn services_sharing_an_address_do_not_converge_unless_the_provider_declares_it()
 
 /// A plugin directory with the fake and metal plugins, as cargo built them for this test run.
 fn fake_and_metal_dir(dir: &Path) -> PathBuf {
-    let plugins = plugin_dir(dir);
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let so = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .into_iter()
-        .map(|d| d.join("libccm_provider_metal.so"))
-        .find(|p| p.is_file())
-        .expect("libccm_provider_metal.so built by cargo");
-    let tmp = plugins.join(format!(".libccm_provider_metal.so.{}", std::process::id()));
-    std::fs::copy(so, &tmp).unwrap();
-    std::fs::rename(&tmp, plugins.join("libccm_provider_metal.so")).unwrap();
-    plugins
+    support::plugin_dir_with(
+        dir,
+        &["libccm_provider_fake.so", "libccm_provider_metal.so"],
+    )
 }
 
 #[test]

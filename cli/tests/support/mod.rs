@@ -12,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Instant;
 
 #[allow(unused_imports)] // not every process test waits
-pub use ccm_test_support::{plugin_dir_with, wait_until};
+pub use ccm_test_support::{built_plugin, plugin_dir_with, wait_until};
 
 /// The `ccm-host` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_ccm-host");
