@@ -306,8 +306,15 @@ fn unknown_provider_lists_what_is_available() {
         "{msg}"
     );
     assert!(msg.contains("fake-v1 (from "), "{msg}");
+    // The refused file is named (with its reason) in the message.
+    let junk = registry
+        .refused()
+        .iter()
+        .find(|r| r.path.ends_with("junk.so"))
+        .expect("junk.so refused");
+    assert!(matches!(junk.refusal, Refusal::NotAPlugin(_)), "{junk}");
     assert!(
-        msg.contains("junk.so: is not a ccm-host provider plugin"),
+        msg.contains(&junk.to_string()),
         "mentions refused files: {msg}"
     );
 }
@@ -380,7 +387,8 @@ fn insecure_files_and_directories_are_refused_unless_allowed() {
         .unwrap_err();
     let msg = err.to_string();
     assert!(
-        msg.contains("is writable by group or others (mode 777)"),
+        matches!(&err, SelectError::InsecureDirectory { path, problem, .. }
+            if path == dir.path() && problem.ends_with("(mode 777)")),
         "{msg}"
     );
     // The message names the command that fixes it.

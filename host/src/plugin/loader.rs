@@ -60,10 +60,11 @@ pub(super) fn plugin_files(
     }
     if !options.allow_insecure {
         if let Some(problem) = ownership_problem(&meta) {
-            return Err(err(format!(
-                "{problem}; fix it with `{}` or pass --allow-insecure-plugins",
-                fix_command(&meta, dir)
-            )));
+            return Err(SelectError::InsecureDirectory {
+                path: dir.to_path_buf(),
+                problem,
+                fix: fix_command(&meta, dir),
+            });
         }
     }
     let mut files: Vec<PathBuf> = fs::read_dir(dir)

@@ -141,6 +141,18 @@ pub enum SelectError {
         /// Why.
         reason: String,
     },
+    /// A plugin directory could be changed by someone other than root or the current user.
+    #[error(
+        "plugin directory {path}: {problem}; fix it with `{fix}` or pass --allow-insecure-plugins"
+    )]
+    InsecureDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong (`is writable by group or others (mode 777)`).
+        problem: String,
+        /// The command that fixes it.
+        fix: String,
+    },
     /// No provider has that name.
     #[error("{0}")]
     Unknown(String),
