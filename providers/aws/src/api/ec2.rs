@@ -488,30 +488,40 @@ impl AwsClient {
         .await
     }
 
+    /// Authorize or revoke (`action`) `rules` on `group`, with the parameters `params` builds;
+    /// no call for no rules.
+    async fn change_ingress<R>(
+        &self,
+        action: &str,
+        group: &str,
+        rules: &[R],
+        params: fn(&str, &[R]) -> Params,
+    ) -> Result<(), AwsError> {
+        if rules.is_empty() {
+            return Ok(());
+        }
+        self.ec2_call(action, &params(group, rules)).await.map(drop)
+    }
+
     /// AuthorizeSecurityGroupIngress of `rules` (one permission per rule).
     pub async fn authorize_ingress(
         &self,
         group: &str,
         rules: &[IngressRule],
     ) -> Result<(), AwsError> {
-        if rules.is_empty() {
-            return Ok(());
-        }
-        let p = ingress_params(group, rules);
-        self.ec2_call("AuthorizeSecurityGroupIngress", &p)
-            .await
-            .map(drop)
+        self.change_ingress(
+            "AuthorizeSecurityGroupIngress",
+            group,
+            rules,
+            ingress_params,
+        )
+        .await
     }
 
     /// RevokeSecurityGroupIngress of `rules`.
     pub async fn revoke_ingress(&self, group: &str, rules: &[IngressRule]) -> Result<(), AwsError> {
-        if rules.is_empty() {
-            return Ok(());
-        }
-        let p = ingress_params(group, rules);
-        self.ec2_call("RevokeSecurityGroupIngress", &p)
+        self.change_ingress("RevokeSecurityGroupIngress", group, rules, ingress_params)
             .await
-            .map(drop)
     }
 
     /// AuthorizeSecurityGroupIngress of rules whose source is another group.
@@ -520,13 +530,13 @@ impl AwsClient {
         group: &str,
         rules: &[GroupRule],
     ) -> Result<(), AwsError> {
-        if rules.is_empty() {
-            return Ok(());
-        }
-        let p = group_ingress_params(group, rules);
-        self.ec2_call("AuthorizeSecurityGroupIngress", &p)
-            .await
-            .map(drop)
+        self.change_ingress(
+            "AuthorizeSecurityGroupIngress",
+            group,
+            rules,
+            group_ingress_params,
+        )
+        .await
     }
 
     /// RevokeSecurityGroupIngress of rules whose source is another group.
@@ -535,13 +545,13 @@ impl AwsClient {
         group: &str,
         rules: &[GroupRule],
     ) -> Result<(), AwsError> {
-        if rules.is_empty() {
-            return Ok(());
-        }
-        let p = group_ingress_params(group, rules);
-        self.ec2_call("RevokeSecurityGroupIngress", &p)
-            .await
-            .map(drop)
+        self.change_ingress(
+            "RevokeSecurityGroupIngress",
+            group,
+            rules,
+            group_ingress_params,
+        )
+        .await
     }
 
     /// CreateSecurityGroup in `vpc`, tagged at creation; returns its ID.
