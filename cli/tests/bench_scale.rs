@@ -14,7 +14,7 @@
 //! 4. a zone outage: 10 % of the nodes turn NotReady; the duration of the first lifecycle pass
 //!    that saw all of them (`ccm_node_lifecycle_last_pass_seconds`).
 //!
-//! Memory: the process's `VmRSS` is sampled every 200 ms, and with it the fake provider's own heap
+//! Memory: the process's `VmRSS` is sampled every 50 ms (and at the end of each phase), and with it the fake provider's own heap
 //! (the plugin's counting allocator, `heapFile`, see `docs/fake-provider.md`): the *host's share*
 //! is RSS minus the provider's heap (its instance table, its SDK adapter's parsed host lists);
 //! both are printed, per phase, with the peak of each. The provider records no call log
@@ -187,7 +187,8 @@ fn plugin_heap_kib(file: &Path) -> u64 {
         .map_or(0, |b| b / 1024)
 }
 
-/// Peaks of one phase, from the 200 ms samples.
+/// Peaks of one phase, from the 50 ms samples (and one taken when the phase ends, so that a
+/// phase shorter than the period has one).
 #[derive(Debug, Default, Clone, Copy)]
 struct Peaks {
     rss: u64,
@@ -198,30 +199,41 @@ struct Peaks {
 struct Sampler {
     peaks: Arc<Mutex<Peaks>>,
     stop: Arc<AtomicBool>,
+    pid: u32,
+    heap_file: PathBuf,
+}
+
+fn sample(pid: u32, heap_file: &Path, peaks: &Mutex<Peaks>) {
+    let rss = status_kib(pid, "VmRSS:");
+    let plugin = plugin_heap_kib(heap_file);
+    let mut g = peaks.lock().unwrap();
+    g.rss = g.rss.max(rss);
+    g.plugin = g.plugin.max(plugin);
+    g.host = g.host.max(rss.saturating_sub(plugin));
 }
 
 impl Sampler {
     fn start(pid: u32, heap_file: PathBuf) -> Self {
         let peaks = Arc::new(Mutex::new(Peaks::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (peaks.clone(), stop.clone());
+        let (p, s, file) = (peaks.clone(), stop.clone(), heap_file.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                let rss = status_kib(pid, "VmRSS:");
-                let plugin = plugin_heap_kib(&heap_file);
-                let mut g = p.lock().unwrap();
-                g.rss = g.rss.max(rss);
-                g.plugin = g.plugin.max(plugin);
-                g.host = g.host.max(rss.saturating_sub(plugin));
-                drop(g);
-                std::thread::sleep(Duration::from_millis(200));
+                sample(pid, &file, &p);
+                std::thread::sleep(Duration::from_millis(50));
             }
         });
-        Self { peaks, stop }
+        Self {
+            peaks,
+            stop,
+            pid,
+            heap_file,
+        }
     }
 
-    /// The peaks since the last call; starts a new phase.
+    /// The peaks since the last call (with a sample taken now); starts a new phase.
     fn phase(&self) -> Peaks {
+        sample(self.pid, &self.heap_file, &self.peaks);
         std::mem::take(&mut *self.peaks.lock().unwrap())
     }
 }
