@@ -928,12 +928,23 @@ impl Provider {
         service: &Service,
         nodes: &[impl Borrow<Node>],
     ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
+        self.ensure_load_balancer_shared(cluster, service, &HostList::new(nodes)?)
+            .await
+    }
+
+    /// `EnsureLoadBalancer` with a host list serialised once for many calls ([`HostList`]).
+    pub async fn ensure_load_balancer_shared(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &HostList,
+    ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
         let (lb, cluster, svc) = (
             self.lb()?,
             cluster.to_string(),
             to_json("Service", service)?,
         );
-        let nodes = HostList::new(nodes)?;
+        let nodes = nodes.clone();
         let key = self.write_key("EnsureLoadBalancer", &[&cluster, &svc], &[&nodes]);
         self.call_keyed("EnsureLoadBalancer", Some(key), move |ctx| {
             let status = lb.ensure_load_balancer(

@@ -192,6 +192,10 @@ pub struct ServiceController {
     /// The most recent host set of any listing: a listing with equal hosts shares it
     /// ([`node_sync::Round::new`]).
     latest_hosts: Mutex<Option<node_sync::HostKeys>>,
+    /// The host list of the last EnsureLoadBalancer and the nodes it was made from, kept while
+    /// the service queue has work: a burst of ensures over unchanged nodes (start-up, a large
+    /// cluster's convergence) serialises the hosts once, not once per load balancer.
+    ensure_hosts: Mutex<Option<(node_sync::HostSet, HostList)>>,
     /// Numbers the node listings whose host sets are stored ([`node_sync::Stored`]), in order.
     listings: AtomicU64,
     /// The provider answered the 1.2 call `NOT_IMPLEMENTED`: full updates from now on.
@@ -245,6 +249,7 @@ impl ServiceController {
             next_token: AtomicU64::new(NO_BASE + 1),
             host_updates: Mutex::default(),
             latest_hosts: Mutex::default(),
+            ensure_hosts: Mutex::default(),
             listings: AtomicU64::new(0),
             incremental_off: AtomicBool::new(false),
             node_sync_interval: ctx.config.node_sync_interval,
@@ -534,6 +539,9 @@ impl ServiceController {
         }
         requeue.apply(&self.service_queue, &key, Duration::ZERO);
         self.service_queue.done(&key);
+        if self.service_queue.is_empty() {
+            self.release_ensure_hosts();
+        }
         Some((key, requeue))
     }
 
@@ -820,11 +828,15 @@ impl ServiceController {
         lock(&self.host_tokens).remove(key);
         let updates_before = self.host_updates_of(key);
         lock(&self.last_synced).insert(key.to_string(), listing.stored());
-        let result = self
-            .ctx
-            .provider
-            .ensure_load_balancer(self.cluster(), svc, &listing.hosts()[..])
-            .await;
+        let result = match self.ensure_host_list(listing.hosts()) {
+            Ok(hosts) => {
+                self.ctx
+                    .provider
+                    .ensure_load_balancer_shared(self.cluster(), svc, &hosts)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         let overlapped =
             !updates_before.is_multiple_of(2) || self.host_updates_of(key) != updates_before;
         if overlapped {
@@ -844,6 +856,31 @@ impl ServiceController {
                 .or_insert(LAST_FULL);
         }
         result
+    }
+
+    /// The JSON of `hosts` for EnsureLoadBalancer: the last ensure's when it was made from the
+    /// very same node objects, else made now (and kept for the next ensure).
+    fn ensure_host_list(&self, hosts: &node_sync::HostSet) -> Result<HostList, ProviderError> {
+        let mut cached = lock(&self.ensure_hosts);
+        if let Some((set, list)) = cached.as_ref() {
+            if set.len() == hosts.len()
+                && set.iter().zip(hosts.iter()).all(|(a, b)| Arc::ptr_eq(a, b))
+            {
+                return Ok(list.clone());
+            }
+        }
+        let list = HostList::new(hosts)?;
+        *cached = Some((hosts.clone(), list.clone()));
+        Ok(list)
+    }
+
+    /// The service queue is drained: let the ensures' host list go, and give its pages back
+    /// when it was large.
+    fn release_ensure_hosts(&self) {
+        let Some((_, list)) = lock(&self.ensure_hosts).take() else {
+            return;
+        };
+        list.release();
     }
 
     fn host_updates_of(&self, key: &str) -> u64 {
