@@ -14,7 +14,7 @@
 //! 4. a zone outage: 10 % of the nodes turn NotReady; the duration of the first lifecycle pass
 //!    that saw all of them (`ccm_node_lifecycle_last_pass_seconds`).
 //!
-//! Memory: the process's `VmRSS` is sampled every 200 ms, and with it the fake provider's own heap
+//! Memory: the process's `VmRSS` is sampled every 50 ms (and at the end of each phase), and with it the fake provider's own heap
 //! (the plugin's counting allocator, `heapFile`, see `docs/fake-provider.md`): the *host's share*
 //! (`*_host_mib`) is RSS minus the provider's heap as the allocator holds it (its footprint: the
 //! blocks' chunks, not only the bytes asked for; its instance table, each load balancer's host
@@ -23,7 +23,9 @@
 //! before the footprint was counted). The provider records no call log
 //! (`callLog: false`); calls are counted by the host's metrics. The fake answers instance
 //! questions (`InstanceMetadata`, `InstanceExists`, `InstanceShutdown`, `InstancesBatch`) after
-//! `BENCH_SCALE_LATENCY_MS` (50) and offers bulk lookups unless `BENCH_SCALE_BULK=0`.
+//! `BENCH_SCALE_LATENCY_MS` (50) and offers bulk lookups unless `BENCH_SCALE_BULK=0`. It is an
+//! ABI 1.2 plugin with incremental host updates (`incrementalHosts`) unless
+//! `BENCH_SCALE_INCREMENTAL=0`, which makes it answer like a 1.0/1.1 plugin (full host lists).
 //!
 //! Other settings: `BENCH_SCALE_KUBE_QPS` / `BENCH_SCALE_KUBE_BURST` (the host's client limit;
 //! default: the host's defaults, 20/30), `BENCH_SCALE_ROUTES` (0: `--configure-cloud-routes`
@@ -137,7 +139,13 @@ fn service(i: usize, load_balancer: bool) -> Value {
 
 /// The fake cloud: one instance per node with the node's addresses (so the host writes no
 /// address), no call log, its heap figures in `dir/heap.json`.
-fn cloud_config(nodes: usize, dir: &Path, latency_ms: usize, bulk: bool) -> Value {
+fn cloud_config(
+    nodes: usize,
+    dir: &Path,
+    latency_ms: usize,
+    bulk: bool,
+    incremental: bool,
+) -> Value {
     let instances: Vec<Value> = (0..nodes)
         .map(|i| {
             json!({"name": node_name(i), "addresses": [
@@ -147,6 +155,7 @@ fn cloud_config(nodes: usize, dir: &Path, latency_ms: usize, bulk: bool) -> Valu
         .collect();
     let latency = format!("{latency_ms}ms");
     json!({"autoInstances": false, "instances": instances, "bulkInstances": bulk,
+           "incrementalHosts": incremental,
            "stateDir": dir, "callLog": false, "cloudStateFile": false, "heapFile": true,
            "latency": {"InstanceMetadata": latency, "InstanceExists": latency,
                        "InstanceShutdown": latency, "InstancesBatch": latency}})
@@ -183,7 +192,8 @@ fn plugin_heap_kib(file: &Path) -> (u64, u64) {
     (asked / 1024, field("footprint").unwrap_or(asked) / 1024)
 }
 
-/// Peaks of one phase, from the 200 ms samples.
+/// Peaks of one phase, from the 50 ms samples (and one taken when the phase ends, so that a
+/// phase shorter than the period has one).
 #[derive(Debug, Default, Clone, Copy)]
 struct Peaks {
     rss: u64,
@@ -199,32 +209,43 @@ struct Peaks {
 struct Sampler {
     peaks: Arc<Mutex<Peaks>>,
     stop: Arc<AtomicBool>,
+    pid: u32,
+    heap_file: PathBuf,
+}
+
+fn sample(pid: u32, heap_file: &Path, peaks: &Mutex<Peaks>) {
+    let rss = status_kib(pid, "VmRSS:");
+    let (plugin, footprint) = plugin_heap_kib(heap_file);
+    let mut g = peaks.lock().unwrap();
+    g.rss = g.rss.max(rss);
+    g.plugin = g.plugin.max(plugin);
+    g.plugin_footprint = g.plugin_footprint.max(footprint);
+    g.host = g.host.max(rss.saturating_sub(footprint));
+    g.host_asked = g.host_asked.max(rss.saturating_sub(plugin));
 }
 
 impl Sampler {
     fn start(pid: u32, heap_file: PathBuf) -> Self {
         let peaks = Arc::new(Mutex::new(Peaks::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (peaks.clone(), stop.clone());
+        let (p, s, file) = (peaks.clone(), stop.clone(), heap_file.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                let rss = status_kib(pid, "VmRSS:");
-                let (plugin, footprint) = plugin_heap_kib(&heap_file);
-                let mut g = p.lock().unwrap();
-                g.rss = g.rss.max(rss);
-                g.plugin = g.plugin.max(plugin);
-                g.plugin_footprint = g.plugin_footprint.max(footprint);
-                g.host = g.host.max(rss.saturating_sub(footprint));
-                g.host_asked = g.host_asked.max(rss.saturating_sub(plugin));
-                drop(g);
-                std::thread::sleep(Duration::from_millis(200));
+                sample(pid, &file, &p);
+                std::thread::sleep(Duration::from_millis(50));
             }
         });
-        Self { peaks, stop }
+        Self {
+            peaks,
+            stop,
+            pid,
+            heap_file,
+        }
     }
 
-    /// The peaks since the last call; starts a new phase.
+    /// The peaks since the last call (with a sample taken now); starts a new phase.
     fn phase(&self) -> Peaks {
+        sample(self.pid, &self.heap_file, &self.peaks);
         std::mem::take(&mut *self.peaks.lock().unwrap())
     }
 }
@@ -310,6 +331,39 @@ fn sum(text: &str, prefix: &str) -> f64 {
         .sum()
 }
 
+/// `ccm_provider_calls_total` per method (summed over callers).
+fn calls_by_method(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix("ccm_provider_calls_total{method=\"") else {
+            continue;
+        };
+        let (Some((method, _)), Some(v)) = (
+            rest.split_once('"'),
+            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        *out.entry(method.to_string()).or_default() += v;
+    }
+    out
+}
+
+/// The calls made between two `calls_by_method` readings, as `Method:N,…`.
+fn calls_between(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> String {
+    after
+        .iter()
+        .filter_map(|(m, v)| {
+            let d = v - before.get(m).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| format!("{m}:{d}"))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 async fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let started = Instant::now();
     loop {
@@ -330,6 +384,7 @@ async fn bench_scale() {
     let idle = Duration::from_secs(env_num("BENCH_IDLE_SECS", 30) as u64);
     let latency = env_num("BENCH_SCALE_LATENCY_MS", 50);
     let bulk = env_num("BENCH_SCALE_BULK", 1) != 0;
+    let incremental = env_num("BENCH_SCALE_INCREMENTAL", 1) != 0;
     let routes = env_num("BENCH_SCALE_ROUTES", 0) != 0;
     let qps = std::env::var("BENCH_SCALE_KUBE_QPS").ok();
     let burst = std::env::var("BENCH_SCALE_KUBE_BURST").ok();
@@ -412,7 +467,7 @@ async fn bench_scale() {
     let cloud = dir.path().join("cloud.json");
     std::fs::write(
         &cloud,
-        serde_json::to_vec(&cloud_config(nodes, &state, latency, bulk)).unwrap(),
+        serde_json::to_vec(&cloud_config(nodes, &state, latency, bulk, incremental)).unwrap(),
     )
     .unwrap();
     let log = std::fs::File::create(dir.path().join("host.log")).unwrap();
@@ -515,7 +570,9 @@ async fn bench_scale() {
             ),
         )
     };
-    let (calls0, _) = lb_calls(&metrics(port).expect("metrics"));
+    let text0 = metrics(port).expect("metrics");
+    let (calls0, _) = lb_calls(&text0);
+    let by_method0 = calls_by_method(&text0);
     let cpu0 = cpu_ticks(pid);
     let t0 = Instant::now();
     node_api
@@ -538,6 +595,10 @@ async fn bench_scale() {
     let change_seconds = t0.elapsed().as_secs_f64();
     let change_cpu = (cpu_ticks(pid) - cpu0) as f64 / ticks_per_s;
     let change_peaks = sampler.phase();
+    let change_calls = calls_between(
+        &by_method0,
+        &calls_by_method(&metrics(port).expect("metrics")),
+    );
 
     // 4. 10 % of the nodes NotReady: the first pass that saw all of them.
     let not_ready = nodes / 10;
@@ -600,7 +661,7 @@ async fn bench_scale() {
     );
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!(
-        "BENCH scale nodes={nodes} services={services} lb_services={lb_services} routes={routes} bulk={bulk} \
+        "BENCH scale nodes={nodes} services={services} lb_services={lb_services} routes={routes} bulk={bulk} incremental={incremental} \
          latency_ms={latency} kube_api_qps={} kube_api_burst={} seed_seconds={seed_seconds:.1} \
          apiserver_rss_mib={:.0} converge_seconds={converge_seconds:.1} converge_cpu_seconds={converge_cpu:.1} \
          converge_peak_rss_mib={:.1} converge_peak_host_mib={:.1} converge_peak_host_asked_mib={:.1} \
@@ -608,7 +669,7 @@ async fn bench_scale() {
          steady_rss_mib={:.1} steady_provider_heap_mib={:.1} steady_provider_footprint_mib={:.1} \
          steady_host_mib={:.1} steady_host_asked_mib={:.1} \
          idle_seconds={:.0} idle_cpu_seconds={idle_cpu:.2} idle_cpu_percent={idle_percent:.2} idle_peak_host_mib={:.1} \
-         node_change_seconds={change_seconds:.2} node_change_cpu_seconds={change_cpu:.2} node_change_lb_calls={calls} \
+         node_change_seconds={change_seconds:.2} node_change_cpu_seconds={change_cpu:.2} node_change_lb_calls={calls} node_change_calls={change_calls} \
          node_change_peak_rss_mib={:.1} node_change_peak_host_mib={:.1} node_change_peak_host_asked_mib={:.1} \
          node_change_peak_provider_heap_mib={:.1} \
          not_ready={not_ready} lifecycle_pass_seconds={pass_seconds:.2} lifecycle_passes={passes} \

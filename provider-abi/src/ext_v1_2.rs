@@ -76,6 +76,14 @@ impl HostUpdateOutcome {
 /// `removed` is empty; the load balancer's hosts become exactly `added`.
 pub const NO_BASE: u64 = 0;
 
+/// `base` naming the host set of the load balancer's last successful **full** call
+/// (`EnsureLoadBalancer` or `UpdateLoadBalancer`) when no host update has been applied since:
+/// the first host change after an ensure travels as a difference instead of the whole set.
+/// Never a host's `token`. A plugin that does not record it answers
+/// [`HostUpdateOutcome::BASE_MISMATCH`] (as for any unknown base) and gets the whole set
+/// (added in ccm-provider-abi 1.2.1; docs/abi-1.2.md).
+pub const LAST_FULL: u64 = u64::MAX;
+
 /// One incremental host update (see [`AbiProviderExtV1_2::update_load_balancer_hosts`]).
 #[repr(C)]
 #[derive(StableAbi, Copy, Clone, Debug)]
@@ -83,7 +91,7 @@ pub struct AbiHostUpdate<'a> {
     /// The token of the host set the host believes the plugin holds for this load balancer,
     /// from an earlier `APPLIED` answer; [`NO_BASE`]: `added` is the whole set.
     pub base: u64,
-    /// The host's name for the set after this change (never [`NO_BASE`]).
+    /// The host's name for the set after this change (never [`NO_BASE`] or [`LAST_FULL`]).
     pub token: u64,
     /// Node JSON of the hosts that join (or whose providerID changed: their new form).
     pub added: RSlice<'a, RString>,

@@ -27,7 +27,7 @@ use crate::ext::{
 use crate::ext_v1_2::{
     AbiHostUpdate, AbiProviderExtV1_2, AbiProviderFactoryV1_2, AbiProviderV1_2,
     ExtCapabilitiesV1_2, ExtRegistrarV1_2Box, HostUpdateOutcome, ProviderExtV1_2Box,
-    ProviderFactoryV1_2Box, NO_BASE,
+    ProviderFactoryV1_2Box, LAST_FULL, NO_BASE,
 };
 use crate::types::{AbiRoute, InstanceMetadata, InstanceStatus, Route, Zone};
 
@@ -624,6 +624,12 @@ impl HostTokens {
     fn forget(&self, key: &str) {
         self.lock().remove(key);
     }
+
+    /// A full call (`EnsureLoadBalancer`, `UpdateLoadBalancer`) set the load balancer's hosts:
+    /// the next update may be a difference against them ([`LAST_FULL`]).
+    fn full_call_applied(&self, key: String) {
+        self.lock().insert(key, LAST_FULL);
+    }
 }
 
 /// A load balancer's identity for [`HostTokens`]: cluster, namespace, name and UID (a Service
@@ -680,10 +686,10 @@ impl<P: CloudProvider> AbiProviderExtV1_2 for ExtV1_2Adapter<P> {
             else {
                 return Err(ProviderError::not_implemented());
             };
-            if token == NO_BASE {
-                return Err(ProviderError::other(
-                    "host sent an incremental host update without a token",
-                ));
+            if token == NO_BASE || token == LAST_FULL {
+                return Err(ProviderError::other(format!(
+                    "host sent an incremental host update with the reserved token {token}"
+                )));
             }
             let svc: Service = parse("Service", service)?;
             let key = lb_key(cluster_name.as_str(), &svc);
@@ -894,11 +900,13 @@ impl AbiLoadBalancer for LbAdapter {
     ) -> AbiResult<ROption<crate::types::AbiLoadBalancerStatus>> {
         guard("EnsureLoadBalancer", || {
             let svc: Service = parse("Service", service)?;
-            self.tokens.forget(&lb_key(cluster_name.as_str(), &svc));
+            let key = lb_key(cluster_name.as_str(), &svc);
+            self.tokens.forget(&key);
             let nodes = parse_nodes(nodes)?;
             let status = self
                 .lb
                 .ensure_load_balancer(ctx, cluster_name.as_str(), &svc, &nodes)?;
+            self.tokens.full_call_applied(key);
             Ok(status.map(Into::into).into())
         })
     }
@@ -912,10 +920,13 @@ impl AbiLoadBalancer for LbAdapter {
     ) -> AbiResult<()> {
         guard("UpdateLoadBalancer", || {
             let svc: Service = parse("Service", service)?;
-            self.tokens.forget(&lb_key(cluster_name.as_str(), &svc));
+            let key = lb_key(cluster_name.as_str(), &svc);
+            self.tokens.forget(&key);
             let nodes = parse_nodes(nodes)?;
             self.lb
-                .update_load_balancer(ctx, cluster_name.as_str(), &svc, &nodes)
+                .update_load_balancer(ctx, cluster_name.as_str(), &svc, &nodes)?;
+            self.tokens.full_call_applied(key);
+            Ok(())
         })
     }
 

@@ -4,13 +4,14 @@
 //!
 //! One node change must make at most one host update per load balancer, and:
 //! - with the fake as an ABI 1.2 plugin (`incrementalHosts: true`): `UpdateLoadBalancerHosts`
-//!   with just the changed node (after the first update of each load balancer, which carries the
-//!   whole set because the plugin holds no token yet), never a full `UpdateLoadBalancer`;
+//!   with just the changed node, from the first change after `EnsureLoadBalancer` on (its base is
+//!   `LAST_FULL`, the ensure's hosts), never the whole set and never a full `UpdateLoadBalancer`;
 //! - with the fake acting as a 1.1 plugin (`incrementalHosts: false`): one full
 //!   `UpdateLoadBalancer` per load balancer, with every host.
 //!
 //! In both cases the fake's load balancers end with exactly the cluster's nodes. A third test
-//! drives the token agreement (base, token, `BASE_MISMATCH`, a full call forgetting the token)
+//! drives the token agreement (base, token, `BASE_MISMATCH`, a full call replacing the token by
+//! `LAST_FULL`)
 //! through the host's `Provider` and the SDK in the fake's `.so`.
 
 use std::collections::BTreeMap;
@@ -184,16 +185,17 @@ impl Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abi_1_2_plugin_gets_only_the_change() {
     let c = Cluster::start(true).await;
-    // First change: the plugin holds no token for any load balancer yet (they were made by
-    // EnsureLoadBalancer, a full call), so each gets the whole set through the 1.2 call.
+    // The first change after EnsureLoadBalancer is already a difference: against the hosts of
+    // the ensure (`LAST_FULL`), not the whole set.
     let first = c.change("extra-a", true).await;
     for i in 0..SERVICES {
         let calls = &first[&svc_key(i)];
         assert_eq!(calls[0].call, "update-hosts", "{calls:?}");
-        assert_eq!(calls[0].args["replace"], true, "{calls:?}");
-        assert_eq!(strings(&calls[0].args["added"]).len(), NODES + 1);
+        assert_eq!(calls[0].args["replace"], false, "{calls:?}");
+        assert_eq!(strings(&calls[0].args["added"]), ["extra-a"]);
+        assert!(strings(&calls[0].args["removed"]).is_empty());
     }
-    // From then on only the change crosses the boundary: one node joins ...
+    // And so on, against the token of the last update: one node joins ...
     let joined = c.change("extra-b", true).await;
     for i in 0..SERVICES {
         let calls = &joined[&svc_key(i)];
@@ -248,12 +250,14 @@ async fn abi_1_1_plugin_gets_full_host_lists() {
 }
 
 /// The token agreement of docs/abi-1.2.md, through the real loader and the SDK's bookkeeping in
-/// the fake's `.so`: an unknown base is a mismatch that changes nothing, the whole set (base 0)
-/// is applied and names a token, a change against that token is applied, and a full call
-/// (EnsureLoadBalancer) makes the plugin forget it.
+/// the fake's `.so`: after EnsureLoadBalancer a change against its hosts (`LAST_FULL`) is
+/// applied; an unknown base is a mismatch that changes nothing, the whole set (base 0) is
+/// applied and names a token, a change against that token is applied, and a full call
+/// (EnsureLoadBalancer) replaces it by `LAST_FULL` again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_name_the_set_the_plugin_applied() {
     use ccm_host::provider::HostList;
+    use ccm_provider_abi::ext_v1_2::LAST_FULL;
     let fake: FakeConfig = serde_json::from_value(json!({"incrementalHosts": true})).unwrap();
     let h = Harness::start("fake", fake).await;
     let p = &h.provider;
@@ -272,13 +276,32 @@ async fn tokens_name_the_set_the_plugin_applied() {
     p.ensure_load_balancer("k", &svc, std::slice::from_ref(&a))
         .await
         .unwrap();
-    // No token yet: a change against any base is refused, nothing changes.
+    // The ensure's hosts are the base `LAST_FULL`; any other base is refused, nothing changes.
     let mismatch = p
         .update_load_balancer_hosts("k", &svc, 41, 42, &list(&[&b]), &list(&[]))
         .await
         .unwrap();
     assert!(!mismatch);
     assert_eq!(hosts(&h), ["a"]);
+    // The refusal spent it (the plugin no longer knows what the host believes): refused too.
+    assert!(!p
+        .update_load_balancer_hosts("k", &svc, LAST_FULL, 42, &list(&[&b]), &list(&[]))
+        .await
+        .unwrap());
+    p.ensure_load_balancer("k", &svc, std::slice::from_ref(&a))
+        .await
+        .unwrap();
+    assert!(p
+        .update_load_balancer_hosts("k", &svc, LAST_FULL, 42, &list(&[&b]), &list(&[]))
+        .await
+        .unwrap());
+    assert_eq!(hosts(&h), ["a", "b"]);
+    // Applied: `LAST_FULL` is spent, 42 names the set now.
+    assert!(!p
+        .update_load_balancer_hosts("k", &svc, LAST_FULL, 43, &list(&[&c]), &list(&[]))
+        .await
+        .unwrap());
+    assert_eq!(hosts(&h), ["a", "b"]);
     // The whole set names token 43.
     assert!(p
         .update_load_balancer_hosts("k", &svc, 0, 43, &list(&[&a, &b]), &list(&[]))
@@ -301,7 +324,7 @@ async fn tokens_name_the_set_the_plugin_applied() {
         .update_load_balancer_hosts("k", &svc, 0, 46, &list(&[&b, &c]), &list(&[]))
         .await
         .unwrap());
-    // A full call replaces the set: the token is forgotten.
+    // A full call replaces the set: the token is forgotten, `LAST_FULL` names its hosts.
     p.ensure_load_balancer("k", &svc, std::slice::from_ref(&a))
         .await
         .unwrap();
@@ -310,6 +333,14 @@ async fn tokens_name_the_set_the_plugin_applied() {
         .await
         .unwrap());
     assert_eq!(hosts(&h), ["a"]);
+    p.ensure_load_balancer("k", &svc, std::slice::from_ref(&a))
+        .await
+        .unwrap();
+    assert!(p
+        .update_load_balancer_hosts("k", &svc, LAST_FULL, 48, &list(&[&c]), &list(&[]))
+        .await
+        .unwrap());
+    assert_eq!(hosts(&h), ["a", "c"]);
     let names: Vec<String> = h
         .calls()
         .into_iter()
@@ -317,5 +348,5 @@ async fn tokens_name_the_set_the_plugin_applied() {
         .filter(|c| c == "update-hosts")
         .collect();
     // Mismatches are answered by the SDK without calling the provider's method.
-    assert_eq!(names.len(), 3, "{names:?}");
+    assert_eq!(names.len(), 5, "{names:?}");
 }

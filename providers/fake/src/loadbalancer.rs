@@ -253,23 +253,27 @@ impl LoadBalancer for FakeCloud {
                 ))),
                 false,
             ),
+            Some(lb) if change.replace => {
+                let changed = lb.hosts != added;
+                lb.hosts = added;
+                (Ok(()), changed)
+            }
+            // In place, in the sorted list: the cost of a change is the change's (an
+            // incremental cloud API's), not a copy of every host of the load balancer.
             Some(lb) => {
-                let mut hosts = if change.replace {
-                    Vec::new()
-                } else {
-                    let gone: std::collections::HashSet<&str> =
-                        removed.iter().map(String::as_str).collect();
-                    lb.hosts
-                        .iter()
-                        .filter(|h| !gone.contains(h.as_str()))
-                        .cloned()
-                        .collect()
-                };
-                hosts.extend(added);
-                hosts.sort();
-                hosts.dedup();
-                let changed = lb.hosts != hosts;
-                lb.hosts = hosts;
+                let mut changed = false;
+                for r in &removed {
+                    if let Ok(i) = lb.hosts.binary_search(r) {
+                        lb.hosts.remove(i);
+                        changed = true;
+                    }
+                }
+                for a in added {
+                    if let Err(i) = lb.hosts.binary_search(&a) {
+                        lb.hosts.insert(i, a);
+                        changed = true;
+                    }
+                }
                 (Ok(()), changed)
             }
         })

@@ -78,12 +78,12 @@ use crate::runtime::well_known::{
     LB_PROVIDER_CONDITION_REASON,
 };
 use crate::runtime::workqueue::WorkQueue;
-use ccm_provider_abi::ext_v1_2::{ExtCapabilitiesV1_2, NO_BASE};
+use ccm_provider_abi::ext_v1_2::{ExtCapabilitiesV1_2, LAST_FULL, NO_BASE};
 
 pub use predicates::ClassPolicy;
 use predicates::{
     has_lb_finalizer, has_lb_ingress, load_balancer_status_equal, needs_cleanup, needs_update,
-    should_sync_updated_node, split_key, stable_node_set, update_failed_message,
+    should_sync_updated_node, split_key, update_failed_message,
 };
 
 /// Canonical controller name.
@@ -182,8 +182,16 @@ pub struct ServiceController {
     /// (docs/abi-1.2.md). Taken out while an update runs; forgotten by EnsureLoadBalancer, a
     /// failed update and the service's deletion.
     host_tokens: Mutex<HashMap<String, u64>>,
-    /// The next token to hand out (never `NO_BASE`).
+    /// The next token to hand out (never `NO_BASE`; `LAST_FULL` is never reached).
     next_token: AtomicU64,
+    /// ABI 1.2: per service key, a count bumped when a host update starts and when it ends (odd:
+    /// one is in flight). An EnsureLoadBalancer during which it did not move leaves the plugin
+    /// holding exactly the ensure's hosts, so the next update may be a difference against them
+    /// (`LAST_FULL`).
+    host_updates: Mutex<HashMap<String, u64>>,
+    /// The most recent host set of any listing: a listing with equal hosts shares it
+    /// ([`node_sync::Round::new`]).
+    latest_hosts: Mutex<Option<node_sync::HostKeys>>,
     /// Numbers the node listings whose host sets are stored ([`node_sync::Stored`]), in order.
     listings: AtomicU64,
     /// The provider answered the 1.2 call `NOT_IMPLEMENTED`: full updates from now on.
@@ -216,10 +224,6 @@ fn stale_lb_status(svc: &Service) -> bool {
         && has_lb_ingress(svc)
 }
 
-fn node_key(node: &Node) -> String {
-    node.metadata.name.clone().unwrap_or_default()
-}
-
 /// The node queue's only key: every node change asks for one full node sync.
 pub const NODE_SYNC_KEY: &str = "node-sync";
 
@@ -239,6 +243,8 @@ impl ServiceController {
             ensured: Mutex::default(),
             host_tokens: Mutex::default(),
             next_token: AtomicU64::new(NO_BASE + 1),
+            host_updates: Mutex::default(),
+            latest_hosts: Mutex::default(),
             listings: AtomicU64::new(0),
             incremental_off: AtomicBool::new(false),
             node_sync_interval: ctx.config.node_sync_interval,
@@ -277,11 +283,9 @@ impl ServiceController {
 
     /// Names of the hosts last sent to the cloud for a service, sorted.
     pub fn last_synced_node_names(&self, key: &str) -> Option<Vec<String>> {
-        lock(&self.last_synced).get(key).map(|stored| {
-            let mut v: Vec<String> = stored.hosts.iter().map(|n| node_key(n)).collect();
-            v.sort();
-            v
-        })
+        lock(&self.last_synced)
+            .get(key)
+            .map(|stored| stored.hosts.iter().map(|h| h.name().to_string()).collect())
     }
 
     fn event(&self, svc: &Service, type_: EventType, reason: &str, message: impl Into<String>) {
@@ -669,6 +673,7 @@ impl ServiceController {
                 lock(&self.cache).remove(key);
                 lock(&self.last_synced).remove(key);
                 lock(&self.host_tokens).remove(key);
+                lock(&self.host_updates).remove(key);
                 lock(&self.ensured).remove(key);
                 Ok(())
             }
@@ -802,15 +807,8 @@ impl ServiceController {
         svc: &Service,
         key: &str,
     ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
-        let listing = self.listings.fetch_add(1, Ordering::SeqCst) + 1;
-        let nodes: Vec<Arc<Node>> = self
-            .ctx
-            .nodes
-            .list()
-            .into_iter()
-            .filter(|n| stable_node_set(n))
-            .collect();
-        if nodes.is_empty() {
+        let listing = self.new_listing();
+        if listing.hosts().is_empty() {
             self.event(
                 svc,
                 EventType::Warning,
@@ -820,17 +818,34 @@ impl ServiceController {
         }
         // A full call: the plugin's 1.2 token for this load balancer is void.
         lock(&self.host_tokens).remove(key);
-        lock(&self.last_synced).insert(
-            key.to_string(),
-            node_sync::Stored {
-                listing,
-                hosts: Arc::new(nodes.clone()),
-            },
-        );
-        self.ctx
+        let updates_before = self.host_updates_of(key);
+        lock(&self.last_synced).insert(key.to_string(), listing.stored());
+        let result = self
+            .ctx
             .provider
-            .ensure_load_balancer(self.cluster(), svc, &nodes)
-            .await
+            .ensure_load_balancer(self.cluster(), svc, &listing.hosts()[..])
+            .await;
+        // The plugin now holds exactly the hosts stored above, unless a host update of this
+        // load balancer ran meanwhile (or was running): then the plugin's token and hosts are
+        // whatever came last, and the next update carries the whole set.
+        if matches!(result, Ok(Some(_)))
+            && self.incremental()
+            && updates_before.is_multiple_of(2)
+            && self.host_updates_of(key) == updates_before
+        {
+            lock(&self.host_tokens)
+                .entry(key.to_string())
+                .or_insert(LAST_FULL);
+        }
+        result
+    }
+
+    fn host_updates_of(&self, key: &str) -> u64 {
+        lock(&self.host_updates).get(key).copied().unwrap_or(0)
+    }
+
+    fn bump_host_updates(&self, key: &str) {
+        *lock(&self.host_updates).entry(key.to_string()).or_default() += 1;
     }
 
     async fn add_finalizer(&self, svc: &Service) -> Result<(), kube::Error> {
@@ -941,11 +956,20 @@ impl ServiceController {
 
     /// A node-sync round over the current nodes.
     fn new_round(&self) -> NodeSyncRound {
-        let listing = self.listings.fetch_add(1, Ordering::SeqCst) + 1;
         NodeSyncRound {
-            plan: node_sync::Round::new(self.ctx.nodes.list(), listing),
+            plan: self.new_listing(),
             full: OnceLock::new(),
         }
+    }
+
+    /// List the nodes for a node sync or an EnsureLoadBalancer: numbered in order, and sharing
+    /// the latest host set when the hosts are the same.
+    fn new_listing(&self) -> node_sync::Round {
+        let mut latest = lock(&self.latest_hosts);
+        let listing = self.listings.fetch_add(1, Ordering::SeqCst) + 1;
+        let round = node_sync::Round::new(self.ctx.nodes.list(), listing, latest.as_ref());
+        *latest = Some(round.keys().clone());
+        round
     }
 
     /// Upstream `nodeSyncService`: true when the service must be retried.
@@ -998,7 +1022,10 @@ impl ServiceController {
                     delta: delta.as_deref(),
                     round,
                 };
-                match self.update_load_balancer_hosts(svc, &change).await {
+                self.bump_host_updates(&key);
+                let result = self.update_load_balancer_hosts(svc, &change).await;
+                self.bump_host_updates(&key);
+                match result {
                     Ok(()) => false,
                     // Not a node-sync error: the service queue retries it, and its call waits
                     // for the pause.

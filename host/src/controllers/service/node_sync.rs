@@ -1,29 +1,81 @@
-//! The decision part of a node sync: the host set computed once per sync ([`Round`]), and for
-//! each service a comparison with its last-synced set that stores the fresh set *before* the
-//! cloud is called (so a concurrent or repeated node sync with the same nodes does not call the
-//! cloud again; a failure is retried through a full EnsureLoadBalancer on the service queue
-//! instead).
+//! The decision part of a node sync: the host set computed once per node listing ([`Round`]),
+//! and for each service a comparison with its last-synced set that stores the fresh set
+//! *before* the cloud is called (so a concurrent or repeated node sync with the same nodes does
+//! not call the cloud again; a failure is retried through a full EnsureLoadBalancer on the
+//! service queue instead).
 //!
-//! Beyond upstream (issue 32: host updates proportional to the change): the fresh set is one
-//! shared `Arc` for every service of the sync (upstream copies the node list per service), a
-//! service whose stored set *is* that `Arc` is skipped without looking at the nodes, and the
-//! difference between a stored set and the fresh one ([`HostDelta`], by name and providerID as
-//! upstream's `nodesSufficientlyEqual`) is computed once per distinct stored set, not once per
-//! service: all services synced by the previous round share its set, so a round costs one O(N)
-//! comparison plus O(1) per service. The delta's Node JSON for the ABI 1.2 incremental call is
-//! serialised once as well ([`HostDelta::lists`]).
+//! Beyond upstream (issue 32: host updates proportional to the change):
+//!
+//! - A stored set is not a copy of the node list (upstream keeps the `[]*v1.Node` of the last
+//!   sync per service) but the sorted `(name, providerID)` pairs upstream's
+//!   `nodesSufficientlyEqual` compares ([`HostKeys`]): ~0.1 KB per host, and it pins no
+//!   superseded version of a node in memory (a kubelet's status updates replace every cached
+//!   node within minutes; stored `Arc<Node>`s would keep the old ones).
+//! - Equal sets are one `Arc`, shared by every service synced to them: a listing whose keys
+//!   equal the controller's latest set reuses it ([`Round::new`]'s `latest`), EnsureLoadBalancer
+//!   included, so after convergence all load balancers hold the same set however many ensures
+//!   built it. A service whose stored set *is* the round's `Arc` is skipped in O(1); the
+//!   difference between a stored set and the fresh one ([`HostDelta`]) is a merge of two sorted
+//!   lists, computed once per distinct stored set, not once per service.
+//! - A removed host travels to the plugin as the cache's current node when it is still listed
+//!   with the same providerID (e.g. it became excluded), else as a node carrying only its name
+//!   and its stored providerID (deleted, or its old form after a providerID change):
+//!   docs/abi-1.2.md. The delta's Node JSON for the ABI 1.2 incremental call is serialised
+//!   once for all services sharing it ([`HostDelta::lists`]).
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ccm_provider_abi::ProviderError;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::predicates::stable_node_set;
 use crate::provider::HostList;
 
-/// A host set, shared by every service synced to it.
+/// A host set of one listing: the nodes, sorted by name.
 pub type HostSet = Arc<Vec<Arc<Node>>>;
+
+/// A host as a stored set remembers it: what upstream's `nodesSufficientlyEqual` compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostKey {
+    name: Box<str>,
+    provider_id: Box<str>,
+}
+
+impl HostKey {
+    fn of(n: &Node) -> Self {
+        Self {
+            name: name(n).into(),
+            provider_id: provider_id(n).into(),
+        }
+    }
+
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A node carrying only the key: how a removed host that the cache no longer holds in this
+    /// form travels to the plugin.
+    fn stub(&self) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(self.name.to_string()),
+                ..Default::default()
+            },
+            spec: (!self.provider_id.is_empty()).then(|| NodeSpec {
+                provider_id: Some(self.provider_id.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// A stored host set: the keys of a [`HostSet`], sorted by name (node names are unique).
+pub type HostKeys = Arc<[HostKey]>;
 
 /// A service's last-synced host set and the number of the node listing it came from (the
 /// controller numbers its listings in order: node-sync rounds and EnsureLoadBalancer's).
@@ -32,7 +84,7 @@ pub struct Stored {
     /// The listing's number.
     pub listing: u64,
     /// The hosts.
-    pub hosts: HostSet,
+    pub hosts: HostKeys,
 }
 
 /// Last-synced host sets, per service key.
@@ -73,69 +125,115 @@ fn provider_id(n: &Node) -> &str {
         .unwrap_or_default()
 }
 
-/// Upstream's `nodesSufficientlyEqual` as a difference: hosts are the same when name and
-/// providerID are. Stored sets are re-filtered (a node stored before it became unstable does
-/// not count).
-pub fn host_delta(old: &[Arc<Node>], new: &[Arc<Node>]) -> HostDelta {
-    let old_by_name: HashMap<&str, &Arc<Node>> = old
-        .iter()
-        .filter(|n| stable_node_set(n))
-        .map(|n| (name(n), n))
-        .collect();
-    let new_by_name: HashMap<&str, &Arc<Node>> = new.iter().map(|n| (name(n), n)).collect();
-    let mut delta = HostDelta::default();
-    for (k, n) in &old_by_name {
-        match new_by_name.get(k) {
-            Some(m) if provider_id(m) == provider_id(n) => {}
-            _ => delta.removed.push(Arc::clone(n)),
-        }
-    }
-    for (k, n) in &new_by_name {
-        match old_by_name.get(k) {
-            Some(m) if provider_id(m) == provider_id(n) => {}
-            _ => delta.added.push(Arc::clone(n)),
-        }
-    }
-    // Deterministic order (the plugin gets them in this order).
-    delta.removed.sort_by(|a, b| name(a).cmp(name(b)));
-    delta.added.sort_by(|a, b| name(a).cmp(name(b)));
-    delta
-}
-
-/// One node sync: the fresh host set, computed once, and the deltas from the stored sets.
+/// One node listing, made once and shared by every service that uses it (a node sync's round,
+/// or one EnsureLoadBalancer): the host set (upstream's `stableNodeSetPredicates`), its keys,
+/// and the deltas from the stored sets.
 pub struct Round {
     listing: u64,
+    /// Every listed node, sorted by name (removed hosts are looked up here).
+    all: Vec<Arc<Node>>,
     hosts: HostSet,
+    keys: HostKeys,
     /// Deltas by the address of the stored set they start from (the set is kept alive with it,
     /// so the address cannot be reused during the round).
-    deltas: Mutex<HashMap<usize, (HostSet, Arc<HostDelta>)>>,
+    deltas: Mutex<HashMap<usize, (HostKeys, Arc<HostDelta>)>>,
 }
 
 impl Round {
-    /// A round over the listed nodes (filtered by upstream's `stableNodeSetPredicates`), the
-    /// controller's listing number `listing`.
-    pub fn new(listed: Vec<Arc<Node>>, listing: u64) -> Self {
+    /// A round over the listed nodes, the controller's listing number `listing`. When its keys
+    /// equal `latest` (the controller's most recent set), the round uses that `Arc`, so that
+    /// equal stored sets stay one.
+    pub fn new(mut listed: Vec<Arc<Node>>, listing: u64, latest: Option<&HostKeys>) -> Self {
+        listed.sort_unstable_by(|a, b| name(a).cmp(name(b)));
+        let hosts: Vec<Arc<Node>> = listed
+            .iter()
+            .filter(|n| stable_node_set(n))
+            .cloned()
+            .collect();
+        let keys: Vec<HostKey> = hosts.iter().map(|n| HostKey::of(n)).collect();
+        let keys = match latest {
+            Some(l) if l[..] == keys[..] => l.clone(),
+            _ => keys.into(),
+        };
         Self {
             listing,
-            hosts: Arc::new(listed.into_iter().filter(|n| stable_node_set(n)).collect()),
+            all: listed,
+            hosts: Arc::new(hosts),
+            keys,
             deltas: Mutex::default(),
         }
     }
 
-    /// The fresh host set.
+    /// The fresh set.
     pub fn hosts(&self) -> &HostSet {
         &self.hosts
     }
 
+    /// The fresh set's keys, as services store them.
+    pub fn keys(&self) -> &HostKeys {
+        &self.keys
+    }
+
+    /// What a service stores when it is synced to this round.
+    pub fn stored(&self) -> Stored {
+        Stored {
+            listing: self.listing,
+            hosts: self.keys.clone(),
+        }
+    }
+
     /// The delta from `old` to the fresh set, computed once per distinct `old`.
-    pub fn delta_from(&self, old: &HostSet) -> Arc<HostDelta> {
-        let addr = Arc::as_ptr(old) as usize;
+    pub fn delta_from(&self, old: &HostKeys) -> Arc<HostDelta> {
+        let addr = Arc::as_ptr(old) as *const HostKey as usize;
         let mut deltas = self.deltas.lock().unwrap_or_else(|p| p.into_inner());
         deltas
             .entry(addr)
-            .or_insert_with(|| (old.clone(), Arc::new(host_delta(old, &self.hosts))))
+            .or_insert_with(|| (old.clone(), Arc::new(self.delta(old))))
             .1
             .clone()
+    }
+
+    /// Merge of the two sorted key lists: hosts are the same when name and providerID are.
+    fn delta(&self, old: &[HostKey]) -> HostDelta {
+        let new = &self.keys[..];
+        let mut delta = HostDelta::default();
+        let (mut i, mut j) = (0, 0);
+        loop {
+            let order = match (old.get(i), new.get(j)) {
+                (None, None) => break,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some(o), Some(n)) => o.name.cmp(&n.name),
+            };
+            match order {
+                Ordering::Less => {
+                    delta.removed.push(self.removed_node(&old[i]));
+                    i += 1;
+                }
+                Ordering::Greater => {
+                    delta.added.push(self.hosts[j].clone());
+                    j += 1;
+                }
+                Ordering::Equal => {
+                    if old[i].provider_id != new[j].provider_id {
+                        delta.removed.push(self.removed_node(&old[i]));
+                        delta.added.push(self.hosts[j].clone());
+                    }
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        delta
+    }
+
+    /// A removed host for the plugin: the listed node when it still has the stored providerID,
+    /// else a node carrying only the stored key.
+    fn removed_node(&self, key: &HostKey) -> Arc<Node> {
+        match self.all.binary_search_by(|n| name(n).cmp(key.name())) {
+            Ok(i) if provider_id(&self.all[i]) == &*key.provider_id => self.all[i].clone(),
+            _ => Arc::new(key.stub()),
+        }
     }
 }
 
@@ -171,13 +269,12 @@ pub fn plan(last: &mut LastSynced, key: &str, round: Result<&Round, String>) -> 
     if last.get(key).is_some_and(|s| s.listing > round.listing) {
         return NodeSyncPlan::Stale;
     }
-    let new = round.hosts().clone();
-    let stored = Stored {
-        listing: round.listing,
-        hosts: new.clone(),
-    };
-    let delta = match last.insert(key.to_string(), stored).map(|s| s.hosts) {
-        Some(old) if Arc::ptr_eq(&old, &new) => return NodeSyncPlan::Skip,
+    let new = round.keys();
+    let delta = match last
+        .insert(key.to_string(), round.stored())
+        .map(|s| s.hosts)
+    {
+        Some(old) if Arc::ptr_eq(&old, new) => return NodeSyncPlan::Skip,
         Some(old) => {
             let delta = round.delta_from(&old);
             if delta.is_empty() {
@@ -190,14 +287,15 @@ pub fn plan(last: &mut LastSynced, key: &str, round: Result<&Round, String>) -> 
         None if new.is_empty() => return NodeSyncPlan::Skip,
         None => None,
     };
-    NodeSyncPlan::Update { hosts: new, delta }
+    NodeSyncPlan::Update {
+        hosts: round.hosts().clone(),
+        delta,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn node(name: &str, pid: &str) -> Arc<Node> {
         Arc::new(Node {
@@ -213,21 +311,34 @@ mod tests {
         })
     }
 
+    fn excluded(name: &str, pid: &str) -> Arc<Node> {
+        let mut n = (*node(name, pid)).clone();
+        n.metadata.labels = Some(
+            [(
+                crate::runtime::well_known::EXCLUDE_LB_LABEL.to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        Arc::new(n)
+    }
+
     fn names(v: &[Arc<Node>]) -> Vec<String> {
         let mut v: Vec<String> = v.iter().map(|n| n.metadata.name.clone().unwrap()).collect();
         v.sort();
         v
     }
 
+    fn key_names(v: &HostKeys) -> Vec<&str> {
+        v.iter().map(HostKey::name).collect()
+    }
+
     fn set(v: Vec<Arc<Node>>) -> Stored {
-        Stored {
-            listing: 0,
-            hosts: Arc::new(v),
-        }
+        Round::new(v, 0, None).stored()
     }
 
     fn round(v: Vec<Arc<Node>>) -> Round {
-        Round::new(v, 1)
+        Round::new(v, 1, None)
     }
 
     #[test]
@@ -239,20 +350,20 @@ mod tests {
             matches!(p, NodeSyncPlan::Retry(ref e) if e == "boom"),
             "{p:?}"
         );
-        assert_eq!(names(&last["ns/a"].hosts), ["n1"]);
+        assert_eq!(key_names(&last["ns/a"].hosts), ["n1"]);
     }
 
     #[test]
     fn first_sync_updates_and_stores_before_the_call() {
         let mut last = LastSynced::new();
-        let r = round(vec![node("n1", "p1"), node("n2", "p2")]);
+        let r = round(vec![node("n2", "p2"), node("n1", "p1")]);
         let p = plan(&mut last, "ns/a", Ok(&r));
         let NodeSyncPlan::Update { hosts, delta } = p else {
             panic!("expected an update, got {p:?}")
         };
         assert!(delta.is_none(), "nothing stored: no delta");
         assert_eq!(names(&hosts), ["n1", "n2"]);
-        assert_eq!(names(&last["ns/a"].hosts), ["n1", "n2"]);
+        assert_eq!(key_names(&last["ns/a"].hosts), ["n1", "n2"], "sorted");
         // A repeated sync with the same nodes (e.g. after the update failed) does nothing,
         // in the same round (the stored set is the round's) or a new one.
         assert!(matches!(
@@ -288,8 +399,10 @@ mod tests {
         else {
             panic!("expected an update with a delta")
         };
-        // A providerID change: the old form leaves, the new one joins.
+        // A providerID change: the old form leaves (as a node with only name and the old
+        // providerID: the listing holds the new form), the new one joins.
         assert_eq!(names(&delta.removed), ["n2"]);
+        assert_eq!(*delta.removed[0], *node("n2", "p2"));
         assert_eq!(names(&delta.added), ["n2"]);
         assert_eq!(
             delta.added[0].spec.as_ref().unwrap().provider_id.as_deref(),
@@ -307,6 +420,28 @@ mod tests {
         };
         assert_eq!(names(&delta.removed), ["n2"]);
         assert_eq!(names(&delta.added), ["n3"]);
+    }
+
+    #[test]
+    fn a_removed_host_still_listed_travels_as_the_listed_node() {
+        let mut last = LastSynced::new();
+        last.insert("k".into(), set(vec![node("n1", "p1"), node("n2", "p2")]));
+        let now_excluded = excluded("n2", "p2");
+        let r = round(vec![node("n1", "p1"), now_excluded.clone()]);
+        let NodeSyncPlan::Update {
+            delta: Some(delta),
+            hosts,
+        } = plan(&mut last, "k", Ok(&r))
+        else {
+            panic!("expected an update with a delta")
+        };
+        assert_eq!(names(&hosts), ["n1"]);
+        assert!(delta.added.is_empty());
+        assert!(
+            Arc::ptr_eq(&delta.removed[0], &now_excluded),
+            "the listed node itself, with its labels"
+        );
+        assert_eq!(key_names(&last["k"].hosts), ["n1"], "excluded: not stored");
     }
 
     #[test]
@@ -336,6 +471,10 @@ mod tests {
         assert!(deltas[0].removed.is_empty());
         // The same set content under another Arc: compared, found equal, skipped.
         assert!(matches!(plan(&mut last, "d", Ok(&r)), NodeSyncPlan::Skip));
+        // Every service now stores the round's one set.
+        for k in ["a", "b", "c", "d"] {
+            assert!(Arc::ptr_eq(&last[k].hosts, r.keys()), "{k}");
+        }
         // Serialised once for all services sharing the delta.
         let (a1, _) = deltas[0].lists().unwrap();
         let (a2, _) = deltas[2].lists().unwrap();
@@ -344,17 +483,32 @@ mod tests {
     }
 
     #[test]
+    fn a_listing_equal_to_the_latest_set_shares_it() {
+        let first = round(vec![node("n1", "p1"), node("n2", "p2")]);
+        let latest = first.keys().clone();
+        // Same hosts in another order, other Node values, an excluded node beside them.
+        let same = Round::new(
+            vec![node("n2", "p2"), excluded("n3", "p3"), node("n1", "p1")],
+            2,
+            Some(&latest),
+        );
+        assert!(Arc::ptr_eq(same.keys(), &latest));
+        let other = Round::new(vec![node("n1", "p1")], 3, Some(&latest));
+        assert!(!Arc::ptr_eq(other.keys(), &latest));
+        assert_eq!(key_names(other.keys()), ["n1"]);
+        let pid_changed = Round::new(vec![node("n1", "p1"), node("n2", "x")], 4, Some(&latest));
+        assert!(!Arc::ptr_eq(pid_changed.keys(), &latest));
+    }
+
+    #[test]
     fn a_set_stored_from_a_newer_listing_is_not_overwritten() {
         let mut last = LastSynced::new();
-        let fresher = Stored {
-            listing: 2,
-            hosts: Arc::new(vec![node("n1", "p1"), node("n2", "p2")]),
-        };
+        let fresher = Round::new(vec![node("n1", "p1"), node("n2", "p2")], 2, None).stored();
         last.insert("k".into(), fresher);
         let p = plan(&mut last, "k", Ok(&round(vec![node("n1", "p1")])));
         assert!(matches!(p, NodeSyncPlan::Stale), "{p:?}");
-        assert_eq!(names(&last["k"].hosts), ["n1", "n2"]);
-        let fresh = Round::new(vec![node("n1", "p1"), node("n2", "p2")], 3);
+        assert_eq!(key_names(&last["k"].hosts), ["n1", "n2"]);
+        let fresh = Round::new(vec![node("n1", "p1"), node("n2", "p2")], 3, None);
         assert!(matches!(
             plan(&mut last, "k", Ok(&fresh)),
             NodeSyncPlan::Skip
@@ -362,33 +516,16 @@ mod tests {
     }
 
     #[test]
-    fn filters_unstable_nodes_on_both_sides() {
-        let mut excluded = (*node("n2", "p2")).clone();
-        excluded.metadata.labels = Some(
-            [(
-                crate::runtime::well_known::EXCLUDE_LB_LABEL.to_string(),
-                "true".to_string(),
-            )]
-            .into(),
-        );
+    fn a_deleted_host_travels_as_its_name_and_stored_provider_id() {
         let mut last = LastSynced::new();
-        // The stored set held n2 before it became excluded: the fresh set differs.
         last.insert("k".into(), set(vec![node("n1", "p1"), node("n2", "p2")]));
-        let p = plan(
-            &mut last,
-            "k",
-            Ok(&round(vec![node("n1", "p1"), Arc::new(excluded.clone())])),
-        );
-        let NodeSyncPlan::Update { hosts, delta } = p else {
-            panic!("expected an update, got {p:?}")
+        let NodeSyncPlan::Update {
+            delta: Some(delta), ..
+        } = plan(&mut last, "k", Ok(&round(vec![node("n2", "p2")])))
+        else {
+            panic!("expected an update with a delta")
         };
-        assert_eq!(names(&hosts), ["n1"]);
-        assert_eq!(names(&delta.unwrap().removed), ["n2"]);
-        // Stored sets are re-filtered: an excluded node stored earlier does not count.
-        last.insert("k".into(), set(vec![node("n1", "p1"), Arc::new(excluded)]));
-        assert!(matches!(
-            plan(&mut last, "k", Ok(&round(vec![node("n1", "p1")]))),
-            NodeSyncPlan::Skip
-        ));
+        assert_eq!(delta.removed.len(), 1);
+        assert_eq!(*delta.removed[0], *node("n1", "p1"));
     }
 }
