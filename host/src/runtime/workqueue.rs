@@ -12,9 +12,10 @@
 //! `workqueue_unfinished_work_seconds`, `workqueue_longest_running_processor_seconds`).
 //!
 //! Beyond client-go: once a burst has drained (the queue empties), the spare capacity of its
-//! tables is given back ([`State::release_spare`]). The node controller queues every node at
+//! tables is given back (`State::release_spare`). The node controller queues every node at
 //! start, and Rust's hash tables and `VecDeque` never shrink by themselves, so each node queue
-//! otherwise kept ~100 bytes per node of empty slots for the life of the process.
+//! otherwise kept ~150 bytes per node of empty slots for the life of the process (4.3 MiB
+//! of the host's steady state at 20,000 nodes in `bench_scale`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
