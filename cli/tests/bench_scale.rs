@@ -6,7 +6,8 @@
 //! HTTP, then starts the host with the fake provider's `.so` and measures, in order:
 //!
 //! 1. converge: from the host's start until every LoadBalancer service has its ingress IP;
-//! 2. steady state: RSS after 10 s of rest, and CPU over `BENCH_IDLE_SECS` (30) of idling;
+//! 2. steady state: RSS after `BENCH_SCALE_SETTLE_SECS` (10) of rest, and CPU over
+//!    `BENCH_IDLE_SECS` (30) of idling;
 //! 3. one node change (a node gets `node.kubernetes.io/exclude-from-external-load-balancers`):
 //!    wall time and host CPU until the provider has been called for every LoadBalancer service
 //!    (`ccm_provider_calls_total` of the methods starting with `UpdateLoadBalancer`, from the
@@ -29,7 +30,8 @@
 //!
 //! Other settings: `BENCH_SCALE_KUBE_QPS` / `BENCH_SCALE_KUBE_BURST` (the host's client limit;
 //! default: the host's defaults, 20/30), `BENCH_SCALE_ROUTES` (0: `--configure-cloud-routes`
-//! off), `BENCH_SCALE_HOST_ARGS` (more flags, space-separated), `BENCH_SCALE_APISERVER` (path of
+//! off; with routes on pass `BENCH_SCALE_HOST_ARGS=--cluster-cidr=10.0.0.0/8`, the nodes' pod
+//! CIDRs are /24s of it), `BENCH_SCALE_HOST_ARGS` (more flags, space-separated), `BENCH_SCALE_APISERVER` (path of
 //! the `kube-apiserver-inmem` binary; default: next to this test's target directory),
 //! `BENCH_SCALE_TARGET` (a target directory, e.g. `target/release`, to take `ccm-host`,
 //! `kube-apiserver-inmem` and `libccm_provider_fake.so` from instead of this test's build: the
@@ -75,6 +77,12 @@ fn node_ip(i: usize) -> String {
     format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256)
 }
 
+/// The node's pod CIDR: a /24 of its own within 10.0.0.0/8 (the route controller reads
+/// `podCIDRs`, which a real API server fills from `podCIDR` and the in-memory one does not).
+fn pod_cidr(i: usize) -> String {
+    format!("10.{}.{}.0/24", (i / 256) % 256, i % 256)
+}
+
 /// An initialised, Ready node roughly the size of a real one (as `bench_memory`'s).
 fn node(i: usize) -> Value {
     let name = node_name(i);
@@ -101,7 +109,7 @@ fn node(i: usize) -> Value {
             "annotations": {"node.alpha.kubernetes.io/ttl": "0",
                             "volumes.kubernetes.io/controller-managed-attach-detach": "true"},
         },
-        "spec": {"providerID": format!("fake://{name}"), "podCIDR": format!("10.{}.{}.0/24", 128 + i / 65536, (i / 256) % 256)},
+        "spec": {"providerID": format!("fake://{name}"), "podCIDR": pod_cidr(i), "podCIDRs": [pod_cidr(i)]},
         "status": {
             "addresses": [{"type": "InternalIP", "address": node_ip(i)}, {"type": "Hostname", "address": name}],
             "capacity": {"cpu": "8", "memory": "32859496Ki", "pods": "110"},
@@ -382,6 +390,7 @@ async fn bench_scale() {
     let services = env_num("BENCH_SCALE_SERVICES", 10_000);
     let lb_services = env_num("BENCH_SCALE_LB_SERVICES", 100).min(services);
     let idle = Duration::from_secs(env_num("BENCH_IDLE_SECS", 30) as u64);
+    let settle = Duration::from_secs(env_num("BENCH_SCALE_SETTLE_SECS", 10) as u64);
     let latency = env_num("BENCH_SCALE_LATENCY_MS", 50);
     let bulk = env_num("BENCH_SCALE_BULK", 1) != 0;
     let incremental = env_num("BENCH_SCALE_INCREMENTAL", 1) != 0;
@@ -547,9 +556,24 @@ async fn bench_scale() {
     }
     let converge_seconds = started.elapsed().as_secs_f64();
     let converge_cpu = cpu_ticks(pid) as f64 / ticks_per_s;
+    // With routes on, convergence also waits for a route per node (`CreateRoute` calls); the
+    // `NetworkUnavailable` condition writes that follow go on at the client limit.
+    let routes_seconds = if routes {
+        wait_for("a route per node", Duration::from_secs(3600), || {
+            let created = sum(
+                &metrics(port)?,
+                "ccm_provider_calls_total{method=\"CreateRoute\"",
+            );
+            (created >= nodes as f64).then_some(())
+        })
+        .await;
+        started.elapsed().as_secs_f64()
+    } else {
+        0.0
+    };
 
     // 2. Steady state.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(settle).await;
     let converge_peaks = sampler.phase();
     let steady_rss = status_kib(pid, "VmRSS:");
     let (steady_plugin, steady_footprint) = plugin_heap_kib(&state.join("heap.json"));
@@ -663,12 +687,12 @@ async fn bench_scale() {
     println!(
         "BENCH scale nodes={nodes} services={services} lb_services={lb_services} routes={routes} bulk={bulk} incremental={incremental} \
          latency_ms={latency} kube_api_qps={} kube_api_burst={} seed_seconds={seed_seconds:.1} \
-         apiserver_rss_mib={:.0} converge_seconds={converge_seconds:.1} converge_cpu_seconds={converge_cpu:.1} \
+         apiserver_rss_mib={:.0} converge_seconds={converge_seconds:.1} routes_seconds={routes_seconds:.1} converge_cpu_seconds={converge_cpu:.1} \
          converge_peak_rss_mib={:.1} converge_peak_host_mib={:.1} converge_peak_host_asked_mib={:.1} \
          converge_peak_provider_heap_mib={:.1} converge_peak_provider_footprint_mib={:.1} \
          steady_rss_mib={:.1} steady_provider_heap_mib={:.1} steady_provider_footprint_mib={:.1} \
          steady_host_mib={:.1} steady_host_asked_mib={:.1} \
-         idle_seconds={:.0} idle_cpu_seconds={idle_cpu:.2} idle_cpu_percent={idle_percent:.2} idle_peak_host_mib={:.1} \
+         settle_seconds={} idle_seconds={:.0} idle_cpu_seconds={idle_cpu:.2} idle_cpu_percent={idle_percent:.2} idle_peak_host_mib={:.1} \
          node_change_seconds={change_seconds:.2} node_change_cpu_seconds={change_cpu:.2} node_change_lb_calls={calls} node_change_calls={change_calls} \
          node_change_peak_rss_mib={:.1} node_change_peak_host_mib={:.1} node_change_peak_host_asked_mib={:.1} \
          node_change_peak_provider_heap_mib={:.1} \
@@ -687,6 +711,7 @@ async fn bench_scale() {
         mib(steady_footprint),
         mib(steady_rss.saturating_sub(steady_footprint)),
         mib(steady_rss.saturating_sub(steady_plugin)),
+        settle.as_secs(),
         idle.as_secs_f64(),
         mib(idle_peaks.host),
         mib(change_peaks.rss),

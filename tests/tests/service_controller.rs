@@ -1151,6 +1151,82 @@ async fn node_changes_during_the_first_ensure_re_ensure_instead_of_updating() {
     );
 }
 
+/// Beyond upstream (ABI 1.2): a host update that runs while an EnsureLoadBalancer of the same
+/// load balancer is in progress leaves the cloud with whichever of the two the plugin applied
+/// last, here the ensure's older host list. The host then sends the whole current set once more
+/// (upstream leaves the older list until the next node change), and does not take the ensure's
+/// hosts as the base of the next incremental change (`LAST_FULL`, docs/abi-1.2.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_update_during_a_re_ensure_is_followed_by_the_whole_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("ensure-gate");
+    let env = Env::start(
+        fake(json!({"incrementalHosts": true, "pause": {"EnsureLoadBalancer": &gate}})),
+        ControllerConfig {
+            node_sync_interval: Duration::ZERO,
+            ..ControllerConfig::default()
+        },
+        &["n1", "n2"],
+    )
+    .await;
+    env.run();
+    env.seed(svc_json("web", "LoadBalancer")).await;
+    let hosts = |env: &Env| {
+        env.h
+            .cloud()
+            .load_balancer(&key("web"))
+            .map(|lb| lb.hosts.clone())
+    };
+    eventually("ensured with both hosts", WAIT, || {
+        (env.ctrl.is_ensured(&key("web")) && hosts(&env)? == ["n1", "n2"]).then_some(())
+    })
+    .await;
+    // A re-ensure (an annotation changed), held at its start; it listed n1 and n2.
+    std::fs::write(&gate, b"").unwrap();
+    env.h.clear_calls();
+    env.merge(
+        "web",
+        json!({"metadata": {"annotations": {"touched": "1"}}}),
+    )
+    .await;
+    eventually("re-ensure in progress", WAIT, || {
+        (!env.calls("create").is_empty()).then_some(())
+    })
+    .await;
+    // n3 joins meanwhile: its host update runs (the whole set: the ensure voided the token).
+    env.h.server.controls().seed(node_json("n3")).unwrap();
+    eventually("host update with n3", WAIT, || {
+        env.calls("update-hosts")
+            .iter()
+            .any(|c| c.args["added"].to_string().contains("n3"))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(hosts(&env).unwrap(), ["n1", "n2", "n3"]);
+    // The ensure applies its older list last; the host follows with the whole current set.
+    std::fs::remove_file(&gate).unwrap();
+    let whole_sets = |env: &Env| {
+        env.calls("update-hosts")
+            .iter()
+            .filter(|c| c.args["replace"] == true)
+            .count()
+    };
+    eventually("a second whole set, after the ensure", WAIT, || {
+        (whole_sets(&env) == 2 && hosts(&env)? == ["n1", "n2", "n3"]).then_some(())
+    })
+    .await;
+    assert_eq!(env.calls("create").len(), 1, "{:?}", env.h.call_names());
+    // The next change is a difference against that set, and lands.
+    env.h.server.controls().seed(node_json("n4")).unwrap();
+    eventually("n4 added", WAIT, || {
+        (hosts(&env)? == ["n1", "n2", "n3", "n4"]).then_some(())
+    })
+    .await;
+    let last = env.calls("update-hosts").pop().unwrap();
+    assert_eq!(last.args["replace"], false, "{last:?}");
+    assert_eq!(last.args["added"], json!(["n4"]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_services_with_eight_workers_each_ensure_once() {
     let env = Env::start(

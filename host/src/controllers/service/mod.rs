@@ -825,14 +825,20 @@ impl ServiceController {
             .provider
             .ensure_load_balancer(self.cluster(), svc, &listing.hosts()[..])
             .await;
-        // The plugin now holds exactly the hosts stored above, unless a host update of this
-        // load balancer ran meanwhile (or was running): then the plugin's token and hosts are
-        // whatever came last, and the next update carries the whole set.
-        if matches!(result, Ok(Some(_)))
-            && self.incremental()
-            && updates_before.is_multiple_of(2)
-            && self.host_updates_of(key) == updates_before
-        {
+        let overlapped =
+            !updates_before.is_multiple_of(2) || self.host_updates_of(key) != updates_before;
+        if overlapped {
+            // Beyond upstream: a host update of this load balancer ran (or was running) during
+            // the ensure, and which of the two the cloud applied last is unknown; upstream
+            // leaves the ensure's possibly older hosts in place until the next node change.
+            // Forget the stored set and the token, so that a node sync sends the whole current
+            // set, and ask for one.
+            lock(&self.last_synced).remove(key);
+            lock(&self.host_tokens).remove(key);
+            self.queue_node_sync();
+        } else if matches!(result, Ok(Some(_))) && self.incremental() {
+            // The plugin holds exactly the hosts stored above: the next change may be a
+            // difference against them.
             lock(&self.host_tokens)
                 .entry(key.to_string())
                 .or_insert(LAST_FULL);
