@@ -17,8 +17,11 @@
 //!
 //! Memory: the process's `VmRSS` is sampled every 50 ms (and at the end of each phase), and with it the fake provider's own heap
 //! (the plugin's counting allocator, `heapFile`, see `docs/fake-provider.md`): the *host's share*
-//! is RSS minus the provider's heap (its instance table, its SDK adapter's parsed host lists);
-//! both are printed, per phase, with the peak of each. The provider records no call log
+//! (`*_host_mib`) is RSS minus the provider's heap as the allocator holds it (its footprint: the
+//! blocks' chunks, not only the bytes asked for; its instance table, each load balancer's host
+//! names, its SDK adapter's parsed host lists); both are printed, per phase, with the peak of
+//! each. `*_host_asked_mib` subtracts only the bytes the provider asked for (the figure reported
+//! before the footprint was counted). The provider records no call log
 //! (`callLog: false`); calls are counted by the host's metrics. The fake answers instance
 //! questions (`InstanceMetadata`, `InstanceExists`, `InstanceShutdown`, `InstancesBatch`) after
 //! `BENCH_SCALE_LATENCY_MS` (50) and offers bulk lookups unless `BENCH_SCALE_BULK=0`. It is an
@@ -186,13 +189,15 @@ fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
 
-/// The provider's heap now, in KiB (`heap.json`'s `current`).
-fn plugin_heap_kib(file: &Path) -> u64 {
-    std::fs::read_to_string(file)
+/// The provider's heap now, in KiB: (bytes it asked for, the allocator's footprint of them),
+/// `heap.json`'s `current` and `footprint` (a fake without `footprint`: the bytes asked for).
+fn plugin_heap_kib(file: &Path) -> (u64, u64) {
+    let v = std::fs::read_to_string(file)
         .ok()
-        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        .and_then(|v| v["current"].as_u64())
-        .map_or(0, |b| b / 1024)
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    let field = |name: &str| v.as_ref().and_then(|v| v[name].as_u64());
+    let asked = field("current").unwrap_or(0);
+    (asked / 1024, field("footprint").unwrap_or(asked) / 1024)
 }
 
 /// Peaks of one phase, from the 50 ms samples (and one taken when the phase ends, so that a
@@ -200,8 +205,13 @@ fn plugin_heap_kib(file: &Path) -> u64 {
 #[derive(Debug, Default, Clone, Copy)]
 struct Peaks {
     rss: u64,
+    /// RSS minus the provider's footprint.
     host: u64,
+    /// RSS minus the bytes the provider asked for (the figure before the footprint was
+    /// counted: it includes the allocator's overhead on the provider's blocks).
+    host_asked: u64,
     plugin: u64,
+    plugin_footprint: u64,
 }
 
 struct Sampler {
@@ -213,11 +223,13 @@ struct Sampler {
 
 fn sample(pid: u32, heap_file: &Path, peaks: &Mutex<Peaks>) {
     let rss = status_kib(pid, "VmRSS:");
-    let plugin = plugin_heap_kib(heap_file);
+    let (plugin, footprint) = plugin_heap_kib(heap_file);
     let mut g = peaks.lock().unwrap();
     g.rss = g.rss.max(rss);
     g.plugin = g.plugin.max(plugin);
-    g.host = g.host.max(rss.saturating_sub(plugin));
+    g.plugin_footprint = g.plugin_footprint.max(footprint);
+    g.host = g.host.max(rss.saturating_sub(footprint));
+    g.host_asked = g.host_asked.max(rss.saturating_sub(plugin));
 }
 
 impl Sampler {
@@ -564,7 +576,7 @@ async fn bench_scale() {
     tokio::time::sleep(settle).await;
     let converge_peaks = sampler.phase();
     let steady_rss = status_kib(pid, "VmRSS:");
-    let steady_plugin = plugin_heap_kib(&state.join("heap.json"));
+    let (steady_plugin, steady_footprint) = plugin_heap_kib(&state.join("heap.json"));
     let cpu0 = cpu_ticks(pid);
     let t0 = Instant::now();
     tokio::time::sleep(idle).await;
@@ -676,11 +688,14 @@ async fn bench_scale() {
         "BENCH scale nodes={nodes} services={services} lb_services={lb_services} routes={routes} bulk={bulk} incremental={incremental} \
          latency_ms={latency} kube_api_qps={} kube_api_burst={} seed_seconds={seed_seconds:.1} \
          apiserver_rss_mib={:.0} converge_seconds={converge_seconds:.1} routes_seconds={routes_seconds:.1} converge_cpu_seconds={converge_cpu:.1} \
-         converge_peak_rss_mib={:.1} converge_peak_host_mib={:.1} converge_peak_provider_heap_mib={:.1} \
-         steady_rss_mib={:.1} steady_provider_heap_mib={:.1} steady_host_mib={:.1} \
+         converge_peak_rss_mib={:.1} converge_peak_host_mib={:.1} converge_peak_host_asked_mib={:.1} \
+         converge_peak_provider_heap_mib={:.1} converge_peak_provider_footprint_mib={:.1} \
+         steady_rss_mib={:.1} steady_provider_heap_mib={:.1} steady_provider_footprint_mib={:.1} \
+         steady_host_mib={:.1} steady_host_asked_mib={:.1} \
          settle_seconds={} idle_seconds={:.0} idle_cpu_seconds={idle_cpu:.2} idle_cpu_percent={idle_percent:.2} idle_peak_host_mib={:.1} \
          node_change_seconds={change_seconds:.2} node_change_cpu_seconds={change_cpu:.2} node_change_lb_calls={calls} node_change_calls={change_calls} \
-         node_change_peak_rss_mib={:.1} node_change_peak_host_mib={:.1} node_change_peak_provider_heap_mib={:.1} \
+         node_change_peak_rss_mib={:.1} node_change_peak_host_mib={:.1} node_change_peak_host_asked_mib={:.1} \
+         node_change_peak_provider_heap_mib={:.1} \
          not_ready={not_ready} lifecycle_pass_seconds={pass_seconds:.2} lifecycle_passes={passes} \
          outage_peak_host_mib={:.1} provider_calls={provider_calls} vm_hwm_mib={:.1} end_rss_mib={:.1}",
         qps.as_deref().unwrap_or("default"),
@@ -688,15 +703,20 @@ async fn bench_scale() {
         mib(apiserver_rss),
         mib(converge_peaks.rss),
         mib(converge_peaks.host),
+        mib(converge_peaks.host_asked),
         mib(converge_peaks.plugin),
+        mib(converge_peaks.plugin_footprint),
         mib(steady_rss),
         mib(steady_plugin),
+        mib(steady_footprint),
+        mib(steady_rss.saturating_sub(steady_footprint)),
         mib(steady_rss.saturating_sub(steady_plugin)),
         settle.as_secs(),
         idle.as_secs_f64(),
         mib(idle_peaks.host),
         mib(change_peaks.rss),
         mib(change_peaks.host),
+        mib(change_peaks.host_asked),
         mib(change_peaks.plugin),
         mib(outage_peaks.host),
         mib(hwm),

@@ -4,7 +4,9 @@
 //! conditions, node info, 10 images). Heap bytes are read from the counting global allocator
 //! this test binary gets from the fake provider's rlib (`ccm_provider_fake::heap`); each figure
 //! is the growth for 1,000 copies, divided by 1,000. The only test in its file, so no other test
-//! allocates meanwhile.
+//! allocates meanwhile. Two figures: the bytes asked for, and the allocator's footprint of the
+//! same blocks (`heap::footprint_current`: with glibc each block's chunk, at least 32 bytes: a
+//! node is ~60 blocks, most of them short strings, so the footprint is what a node really costs).
 //!
 //! Ignored; prints `BENCH node_memory ...`:
 //! `cargo test -p ccm-integration-tests --test bench_node_memory -- --ignored --nocapture`
@@ -68,14 +70,22 @@ fn node(i: usize) -> Value {
 
 const COPIES: usize = 1_000;
 
-/// Heap bytes per copy of what `make` builds (kept alive until measured).
+/// Heap bytes per copy of what `make` builds (kept alive until measured): asked for.
 fn per_copy<T>(make: impl Fn(usize) -> T) -> usize {
-    let before = heap::current();
-    let kept: Vec<T> = (0..COPIES).map(&make).collect();
-    let after = heap::current();
-    let vec_bytes = COPIES * std::mem::size_of::<T>();
+    per_copy_both(make).0
+}
+
+/// Heap bytes per copy of what `make` builds: (asked for, the allocator's footprint).
+fn per_copy_both<T>(make: impl Fn(usize) -> T) -> (usize, usize) {
+    let mut kept: Vec<T> = Vec::with_capacity(COPIES);
+    let (before, before_fp) = (heap::current(), heap::footprint_current());
+    kept.extend((0..COPIES).map(&make));
+    let (after, after_fp) = (heap::current(), heap::footprint_current());
     drop(kept);
-    (after - before).saturating_sub(vec_bytes) / COPIES
+    (
+        (after - before) / COPIES,
+        after_fp.saturating_sub(before_fp) / COPIES,
+    )
 }
 
 fn typed(i: usize) -> Node {
@@ -91,8 +101,9 @@ fn trimmed(i: usize) -> Node {
 #[test]
 #[ignore = "benchmark: run explicitly with --ignored --nocapture"]
 fn bench_node_memory() {
-    let full = per_copy(typed) + std::mem::size_of::<Node>();
-    let cached = per_copy(|i| Arc::new(trimmed(i)));
+    let (full, full_fp) = per_copy_both(typed);
+    let full = full + std::mem::size_of::<Node>();
+    let (cached, cached_fp) = per_copy_both(|i| Arc::new(trimmed(i)));
     let key = per_copy(|i| cache_key(&trimmed(i)));
     let part = |f: fn(&mut Node)| {
         per_copy(move |i| {
@@ -136,11 +147,13 @@ fn bench_node_memory() {
         }
     });
     println!(
-        "BENCH node_memory full_typed_node_bytes={full} cached_arc_node_heap_bytes={cached} cache_key_bytes={key} \
+        "BENCH node_memory full_typed_node_bytes={full} full_typed_node_footprint_bytes={} \
+         cached_arc_node_heap_bytes={cached} cached_arc_node_footprint_bytes={cached_fp} cache_key_bytes={key} \
          trimmed_node_heap_bytes={base} labels_bytes={labels} annotations_bytes={annotations} \
          name_uid_resource_version_bytes={other_metadata} spec_bytes={spec} conditions_bytes={conditions} \
          condition_messages_bytes={condition_messages} node_info_bytes={node_info} addresses_bytes={addresses} \
          inline_node_struct_bytes={}",
+        full_fp + std::mem::size_of::<Node>(),
         std::mem::size_of::<Node>()
     );
 }

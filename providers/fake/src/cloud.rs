@@ -850,8 +850,9 @@ impl Clusters for FakeCloud {
 /// The file `heapFile` writes in the state directory.
 pub const HEAP_FILE: &str = "heap.json";
 
-/// Write `{"current": bytes, "peak": bytes}` of the plugin's heap ([`crate::heap`]) to `path`
-/// every 200 ms (replacing the file at once), until the cloud is dropped.
+/// Write `{"current": bytes, "peak": bytes, "footprint": bytes, "footprintPeak": bytes}` of the
+/// plugin's heap ([`crate::heap`]) to `path` every 200 ms (replacing the file at once), until
+/// the cloud is dropped.
 fn spawn_heap_writer(inner: &Arc<Inner>, path: std::path::PathBuf) {
     let cloud = Arc::downgrade(inner);
     let tmp = path.with_extension("json.tmp");
@@ -860,9 +861,11 @@ fn spawn_heap_writer(inner: &Arc<Inner>, path: std::path::PathBuf) {
         .spawn(move || {
             while cloud.strong_count() > 0 {
                 let text = format!(
-                    "{{\"current\":{},\"peak\":{}}}\n",
+                    "{{\"current\":{},\"peak\":{},\"footprint\":{},\"footprintPeak\":{}}}\n",
                     crate::heap::current(),
-                    crate::heap::peak()
+                    crate::heap::peak(),
+                    crate::heap::footprint_current(),
+                    crate::heap::footprint_peak()
                 );
                 if std::fs::write(&tmp, text).is_ok() {
                     let _ = std::fs::rename(&tmp, &path);
