@@ -953,7 +953,10 @@ impl Provider {
                 svc.as_str().into(),
                 nodes.json[..].into(),
             );
-            release_host_list(nodes);
+            // The plugin's parsed copy of every host is garbage now: give its pages back even
+            // when the list itself is kept for the next ensure (a burst of ensures otherwise
+            // grows the heap around each parse; measured: +93 MiB peak at 20,000 nodes).
+            release_hosts_of_one_call(nodes);
             status.map(|o| o.into_option().map(Into::into))
         })
         .await
@@ -1376,6 +1379,16 @@ fn release_host_list(hosts: HostList) {
     let last = Arc::strong_count(&hosts.json) == 1;
     drop(hosts);
     if large && last {
+        crate::runtime::malloc::release_free_memory();
+    }
+}
+
+/// [`release_host_list`] for a call after which the plugin's parse of a large list is garbage
+/// even if the list lives on: trims whenever the list was large.
+fn release_hosts_of_one_call(hosts: HostList) {
+    let large = hosts.len() >= RELEASE_AFTER_HOSTS;
+    drop(hosts);
+    if large {
         crate::runtime::malloc::release_free_memory();
     }
 }
