@@ -95,8 +95,10 @@ pub struct AbiHostUpdate<'a> {
     pub token: u64,
     /// Node JSON of the hosts that join (or whose providerID changed: their new form).
     pub added: RSlice<'a, RString>,
-    /// Node JSON of the hosts that leave, as the host last sent them (so a provider can read
-    /// their providerID). Removals apply before additions. Empty when `base` is [`NO_BASE`].
+    /// Node JSON of the hosts that leave, with the name and providerID the host sent them with
+    /// (so a provider can read their providerID): the node as the host holds it now when it
+    /// still has that providerID, else only `metadata.name` and `spec.providerID`. Removals
+    /// apply before additions. Empty when `base` is [`NO_BASE`].
     pub removed: RSlice<'a, RString>,
 }
 

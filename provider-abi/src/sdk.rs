@@ -206,7 +206,8 @@ pub struct HostChange {
     pub replace: bool,
     /// Hosts that join, or whose providerID changed (their new form).
     pub added: Vec<Node>,
-    /// Hosts that leave, as the host last sent them (or the old form of a changed one).
+    /// Hosts that leave (or the old form of a changed one): name and providerID as the host
+    /// sent them; the rest of the node only when the host still has it with that providerID.
     pub removed: Vec<Node>,
 }
 
