@@ -42,7 +42,9 @@
 //!   here one. A change arriving during a sync still queues exactly one more sync.
 //! - One host set per node sync ([`node_sync::Round`]), one shared serialisation of it for full
 //!   `UpdateLoadBalancer` calls, and the ABI 1.2 incremental host update (only the added and
-//!   removed nodes) for plugins that offer it (docs/abi-1.2.md). Node syncs start at least
+//!   removed nodes) for plugins that offer it (docs/abi-1.2.md), from the first change after an
+//!   EnsureLoadBalancer on (`LAST_FULL`). Last-synced sets are shared sorted (name, providerID)
+//!   keys, not node lists; consecutive ensures over the same nodes share one host list. Node syncs start at least
 //!   `--node-sync-interval` apart, so during mass node changes a load balancer gets at most one
 //!   host update per interval (staleness bound: docs/architecture.md).
 //! - The shared cache does not hold services that cannot have a load balancer
