@@ -851,26 +851,39 @@ impl Clusters for FakeCloud {
 pub const HEAP_FILE: &str = "heap.json";
 
 /// Write `{"current": bytes, "peak": bytes, "footprint": bytes, "footprintPeak": bytes}` of the
-/// plugin's heap ([`crate::heap`]) to `path` every 200 ms (replacing the file at once), until
-/// the cloud is dropped.
+/// plugin's heap ([`crate::heap`]) to `path` (replacing the file at once) until the cloud is
+/// dropped: every 200 ms, and within 10 ms of the footprint moving by 1 MiB or more. A reader
+/// sampling the process's RSS beside it would otherwise subtract a footprint up to 200 ms old
+/// while a load-balancer call's parse of every host grows or frees hundreds of MiB.
 fn spawn_heap_writer(inner: &Arc<Inner>, path: std::path::PathBuf) {
+    const POLL: Duration = Duration::from_millis(10);
+    const PERIOD: Duration = Duration::from_millis(200);
+    const MOVED: usize = 1 << 20;
     let cloud = Arc::downgrade(inner);
     let tmp = path.with_extension("json.tmp");
     let spawned = std::thread::Builder::new()
         .name("fake-heap-file".into())
         .spawn(move || {
+            let mut written: Option<(std::time::Instant, usize)> = None;
             while cloud.strong_count() > 0 {
-                let text = format!(
-                    "{{\"current\":{},\"peak\":{},\"footprint\":{},\"footprintPeak\":{}}}\n",
-                    crate::heap::current(),
-                    crate::heap::peak(),
-                    crate::heap::footprint_current(),
-                    crate::heap::footprint_peak()
-                );
-                if std::fs::write(&tmp, text).is_ok() {
-                    let _ = std::fs::rename(&tmp, &path);
+                let footprint = crate::heap::footprint_current();
+                let due = written.is_none_or(|(at, fp)| {
+                    at.elapsed() >= PERIOD || fp.abs_diff(footprint) >= MOVED
+                });
+                if due {
+                    let text = format!(
+                        "{{\"current\":{},\"peak\":{},\"footprint\":{},\"footprintPeak\":{}}}\n",
+                        crate::heap::current(),
+                        crate::heap::peak(),
+                        footprint,
+                        crate::heap::footprint_peak()
+                    );
+                    if std::fs::write(&tmp, text).is_ok() {
+                        let _ = std::fs::rename(&tmp, &path);
+                    }
+                    written = Some((std::time::Instant::now(), footprint));
                 }
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(POLL);
             }
         });
     if let Err(e) = spawned {
