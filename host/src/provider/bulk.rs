@@ -542,7 +542,8 @@ impl Provider {
         let answers = self
             .call(INSTANCES_BATCH, move |ctx| {
                 let answers = ext.instances_batch(ctx, json.as_slice().into(), query);
-                release_hosts(json);
+                let len = json.len();
+                release_hosts(json, len);
                 answers.map(|v| {
                     v.into_iter()
                         .map(|a| a.into_result().map(InstanceStatus::from))

@@ -956,7 +956,8 @@ impl Provider {
             // The plugin's parsed copy of every host is garbage now: give its pages back even
             // when the list itself is kept for the next ensure (a burst of ensures otherwise
             // grows the heap around each parse; measured: +93 MiB peak at 20,000 nodes).
-            release_hosts_of_one_call(nodes);
+            let len = nodes.len();
+            release_hosts(nodes, len);
             status.map(|o| o.into_option().map(Into::into))
         })
         .await
@@ -1383,21 +1384,12 @@ fn release_host_list(hosts: HostList) {
     }
 }
 
-/// [`release_host_list`] for a call after which the plugin's parse of a large list is garbage
-/// even if the list lives on: trims whenever the list was large.
-fn release_hosts_of_one_call(hosts: HostList) {
-    let large = hosts.len() >= RELEASE_AFTER_HOSTS;
+/// Let go of the host list of one call (`hosts`, `len` hosts) after which the plugin's parse of
+/// it is garbage, and trim the heap when the list was large, also when the list itself lives on
+/// (an ensure's list shared with the next ensure).
+fn release_hosts<T>(hosts: T, len: usize) {
     drop(hosts);
-    if large {
-        crate::runtime::malloc::release_free_memory();
-    }
-}
-
-/// [`release_host_list`] for a list of one call.
-fn release_hosts(hosts: Vec<RString>) {
-    let large = hosts.len() >= RELEASE_AFTER_HOSTS;
-    drop(hosts);
-    if large {
+    if len >= RELEASE_AFTER_HOSTS {
         crate::runtime::malloc::release_free_memory();
     }
 }
