@@ -188,7 +188,12 @@ async fn seed_and_initialise(h: &Harness, ctx: &ControllerContext, names: &[Stri
     // A bounded wait for the outcome, not a timing assertion.
     let limit = Duration::from_secs(600);
     loop {
-        let done = ctx.nodes.list().iter().filter(|n| initialised(n)).count();
+        let done = ctx
+            .nodes
+            .list()
+            .iter()
+            .filter(|n| initialised(&n.to_node()))
+            .count();
         if done == names.len() {
             return started.elapsed();
         }
@@ -327,10 +332,9 @@ async fn bench_steady(
             .list()
             .iter()
             .filter(|n| {
-                n.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "False"))
+                n.conditions()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "False")
             })
             .count();
         if cached_not_ready == not_ready {

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use ccm_host::controllers::service::ServiceController;
 use ccm_host::controllers::ControllerConfig;
+use ccm_host::runtime::CachedNode;
 use ccm_integration_tests::harness::{eventually, Harness};
 use ccm_provider_fake::config::FakeConfig;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -185,13 +186,13 @@ async fn run_mode(mode: &str, nodes: usize, services: usize, changes: usize, wor
         let full: Vec<_> = calls.iter().filter(|c| c.call == "update").collect();
         let inc: Vec<_> = calls.iter().filter(|c| c.call == "update-hosts").collect();
         // Bytes of Node JSON per call (serde_json over the cached Node, as the host sends it).
-        let json_len = |n: &Node| serde_json::to_vec(n).unwrap().len();
+        let json_len = |n: &CachedNode| serde_json::to_vec(n).unwrap().len();
         let all_bytes: usize = ctx.nodes.list().iter().map(|n| json_len(n)).sum();
         let one_bytes = ctx
             .nodes
             .list()
             .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(name.as_str()))
+            .find(|n| n.name() == name.as_str())
             .map(|n| json_len(n))
             .unwrap_or_default();
         let abi_bytes = full.len() * all_bytes

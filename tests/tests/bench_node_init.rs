@@ -155,7 +155,12 @@ async fn run_case(case: &Case) {
         + Duration::from_millis(case.latency_ms * case.nodes as u64 * 4 / case.concurrency as u64)
         + Duration::from_millis(case.nodes as u64 * 20 / case.concurrency.min(8) as u64);
     let elapsed = loop {
-        let done = ctx.nodes.list().iter().filter(|n| initialised(n)).count();
+        let done = ctx
+            .nodes
+            .list()
+            .iter()
+            .filter(|n| initialised(&n.to_node()))
+            .count();
         if done == case.nodes {
             break started.elapsed();
         }

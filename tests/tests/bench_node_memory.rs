@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use ccm_host::controllers::cache_trim;
 use ccm_host::runtime::informer::cache_key;
+use ccm_host::runtime::CachedNode;
 use ccm_provider_fake::heap;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{json, Value};
@@ -105,6 +106,12 @@ fn bench_node_memory() {
     let full = full + std::mem::size_of::<Node>();
     let (cached, cached_fp) = per_copy_both(|i| Arc::new(trimmed(i)));
     let key = per_copy(|i| cache_key(&trimmed(i)));
+    // What the cache keeps since the compact form (runtime::cached_node): the same trimmed node.
+    // Strings shared between nodes (label keys and values, the JSON rest) are interned once:
+    // warm the table with one node so the figure is the per-node cost.
+    let warm = CachedNode::from(trimmed(COPIES + 1));
+    let (compact, compact_fp) = per_copy_both(|i| Arc::new(CachedNode::from(trimmed(i))));
+    drop(warm);
     let part = |f: fn(&mut Node)| {
         per_copy(move |i| {
             let mut n = trimmed(i);
@@ -152,8 +159,10 @@ fn bench_node_memory() {
          trimmed_node_heap_bytes={base} labels_bytes={labels} annotations_bytes={annotations} \
          name_uid_resource_version_bytes={other_metadata} spec_bytes={spec} conditions_bytes={conditions} \
          condition_messages_bytes={condition_messages} node_info_bytes={node_info} addresses_bytes={addresses} \
-         inline_node_struct_bytes={}",
+         inline_node_struct_bytes={} compact_node_heap_bytes={compact} \
+         compact_node_footprint_bytes={compact_fp} compact_inline_bytes={}",
         full_fp + std::mem::size_of::<Node>(),
-        std::mem::size_of::<Node>()
+        std::mem::size_of::<Node>(),
+        std::mem::size_of::<CachedNode>()
     );
 }

@@ -103,12 +103,9 @@ async fn wait_cached_untainted(ctx: &ControllerContext, count: usize) {
     eventually("initialised nodes cached", WAIT, || {
         let nodes = ctx.nodes.list();
         (nodes.len() == count
-            && nodes.iter().all(|n| {
-                n.spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .is_none_or(|ts| ts.iter().all(|t| t.key != TAINT))
-            }))
+            && nodes
+                .iter()
+                .all(|n| n.taints().iter().all(|t| t.key != TAINT)))
         .then_some(())
     })
     .await;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ccm_host::controllers::{node, ControllerConfig};
 use ccm_host::provider::{CacheUse, HostServices, ReloadMethod};
+use ccm_host::runtime::CachedNode;
 use ccm_integration_tests::harness::{eventually, Harness};
 use ccm_provider_abi::ErrorKind;
 use ccm_provider_fake::config::FakeConfig;
@@ -74,11 +75,11 @@ fn calls_named(h: &Harness, call: &str) -> usize {
 
 /// A node as the controllers hand it to the instance cache (which keeps answers per Node
 /// object: it needs the UID).
-fn cached_node(name: &str) -> Arc<Node> {
-    Arc::new(
+fn cached_node(name: &str) -> Arc<CachedNode> {
+    let node: Node =
         serde_json::from_value(json!({"metadata": {"name": name, "uid": format!("uid-{name}")}}))
-            .unwrap(),
-    )
+            .unwrap();
+    Arc::new(node.into())
 }
 
 /// Calls that asked the cloud about an instance, one node at a time or in a batch.
@@ -93,7 +94,7 @@ const KEEP: CacheUse = CacheUse {
     keep_for: Duration::from_secs(3600),
 };
 
-async fn cached_instance_type(h: &Harness, node: &Arc<Node>) -> String {
+async fn cached_instance_type(h: &Harness, node: &Arc<CachedNode>) -> String {
     h.provider
         .instance_metadata_cached(node, KEEP)
         .await

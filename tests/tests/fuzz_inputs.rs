@@ -380,7 +380,7 @@ proptest! {
             "metadata": {"name": "n", "labels": {EXCLUDE_LB_LABEL: v}}
         })).unwrap();
         // Upstream: excluded unless the value is a Go boolean false.
-        prop_assert_eq!(node_included(&node), expected == Some(false));
+        prop_assert_eq!(node_included(&node.into()), expected == Some(false));
     }
 
     #[test]

@@ -234,13 +234,7 @@ async fn inventory_edits_apply_without_a_restart_and_bad_edits_keep_the_last_goo
         c.nodes
             .list()
             .iter()
-            .any(|n| {
-                n.metadata.name.as_deref() == Some("node-b")
-                    && n.spec
-                        .as_ref()
-                        .and_then(|s| s.taints.as_ref())
-                        .is_none_or(|t| t.is_empty())
-            })
+            .any(|n| n.name() == "node-b" && n.taints().is_empty())
             .then_some(())
     })
     .await;
@@ -346,13 +340,7 @@ async fn lifecycle_taints_shut_down_machines_and_deletes_absent_ones() {
             .list()
             .iter()
             .any(|n| {
-                n.metadata.name.as_deref() == Some("node-off")
-                    && n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| {
-                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                        })
+                n.name() == "node-off" && n.condition("Ready").is_some_and(|c| c.status == "True")
             })
             .then_some(())
     })

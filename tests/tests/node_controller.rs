@@ -194,7 +194,7 @@ async fn sync_once(h: &Harness, name: &str) -> Result<(), String> {
         ctx.nodes
             .list()
             .iter()
-            .any(|n| n.metadata.name.as_deref() == Some(name))
+            .any(|n| n.name() == name)
             .then_some(())
     })
     .await;
@@ -1011,11 +1011,10 @@ async fn a_stale_cache_does_not_initialise_a_node_twice() {
     controller.sync_node("node0").await.unwrap();
     assert_eq!(writes(&h, "node0").0, 1);
     assert!(
-        ctx.nodes.store().get("node0").is_some_and(|n| n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| t.iter().any(|t| t.key == TAINT))),
+        ctx.nodes
+            .store()
+            .get("node0")
+            .is_some_and(|n| n.taints().iter().any(|t| t.key == TAINT)),
         "the stopped cache still shows the node tainted"
     );
     controller.sync_node("node0").await.unwrap();

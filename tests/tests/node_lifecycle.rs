@@ -839,12 +839,7 @@ async fn three_confirmations_in_a_row_and_a_reset_on_any_other_answer() {
             ctx.nodes
                 .list()
                 .iter()
-                .any(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
+                .any(|n| n.condition("Ready").is_some_and(|c| c.status == "True"))
                 .then_some(())
         })
         .await;
@@ -861,14 +856,7 @@ async fn three_confirmations_in_a_row_and_a_reset_on_any_other_answer() {
             ctx.nodes
                 .list()
                 .iter()
-                .all(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| {
-                            c.iter().any(|c| c.type_ == "Ready" && c.status == "False")
-                        })
-                })
+                .all(|n| n.condition("Ready").is_some_and(|c| c.status == "False"))
                 .then_some(())
         })
         .await;

@@ -221,12 +221,7 @@ async fn dual_stack_nodes_get_one_route_per_pod_cidr() {
             ctx.nodes
                 .list()
                 .iter()
-                .all(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "NetworkUnavailable"))
-                })
+                .all(|n| n.condition("NetworkUnavailable").is_some())
                 .then_some(())
         },
     )
@@ -390,14 +385,7 @@ async fn a_cni_condition_is_overridden_once_then_left_alone() {
         Duration::from_secs(10),
         || {
             let n = ctx.nodes.list();
-            let c = n[0]
-                .status
-                .as_ref()?
-                .conditions
-                .as_ref()?
-                .iter()
-                .find(|c| c.type_ == "NetworkUnavailable")?
-                .clone();
+            let c = n[0].condition("NetworkUnavailable")?.clone();
             (c.reason.as_deref() == Some("RouteCreated")).then_some(())
         },
     )

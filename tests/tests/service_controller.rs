@@ -576,7 +576,11 @@ async fn node_changes_update_hosts_only_when_the_stable_set_changes() {
         let ctx = env.ctx.clone();
         async move {
             eventually(&format!("node {name}"), WAIT, || {
-                ctx.nodes.store().get(name).filter(|n| pred(n)).map(|_| ())
+                ctx.nodes
+                    .store()
+                    .get(name)
+                    .filter(|n| pred(&n.to_node()))
+                    .map(|_| ())
             })
             .await
         }

@@ -28,7 +28,7 @@ pub(crate) mod sync_error;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use kube::runtime::watcher;
 use kube::Api;
 use tokio::task::JoinHandle;
@@ -37,6 +37,7 @@ use tracing::Instrument;
 
 use crate::provider::throttle::THROTTLED_EVENT_REASON;
 use crate::provider::{Provider, Throttled};
+use crate::runtime::cached_node::CachedNode;
 use crate::runtime::events::{EventRecorder, EventType};
 use crate::runtime::informer::SharedInformer;
 use crate::runtime::metrics::Metrics;
@@ -122,7 +123,7 @@ pub struct ControllerContext {
     /// The selected provider.
     pub provider: Provider,
     /// Shared node cache and changes.
-    pub nodes: SharedInformer<Node>,
+    pub nodes: SharedInformer<CachedNode>,
     /// Shared service cache and changes.
     pub services: SharedInformer<Service>,
     /// Metrics.
@@ -185,7 +186,7 @@ impl ControllerContext {
     pub fn for_provider(
         &self,
         provider: &Provider,
-        nodes: SharedInformer<Node>,
+        nodes: SharedInformer<CachedNode>,
         config: ControllerConfig,
         label: Option<&str>,
         lb_provider: Option<&str>,

@@ -53,10 +53,11 @@ use crate::runtime::events::{node_ref, EventRecorder, EventType};
 use crate::runtime::informer::Change;
 use crate::runtime::patches::{is_conflict, is_not_found, patch_node_addresses, patch_node_labels};
 use crate::runtime::well_known::{
-    INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, REGION_BETA_LABEL, REGION_LABEL,
-    UNINITIALIZED_TAINT, ZONE_BETA_LABEL, ZONE_LABEL,
+    INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, PROVIDED_NODE_IP_ANNOTATION, REGION_BETA_LABEL,
+    REGION_LABEL, UNINITIALIZED_TAINT, ZONE_BETA_LABEL, ZONE_LABEL,
 };
 use crate::runtime::workqueue::WorkQueue;
+use crate::runtime::CachedNode;
 
 /// Canonical controller name.
 pub const NAME: &str = "cloud-node-controller";
@@ -118,8 +119,8 @@ pub async fn run(ctx: ControllerContext) {
     let initial = ctx.nodes.list();
     prefetch(&ctx.provider, &ctx.config, initial.iter().cloned());
     for node in initial {
-        if let Some(name) = &node.metadata.name {
-            queue.add(name.clone());
+        if let Some(name) = node.name_str() {
+            queue.add(name.to_string());
         }
     }
 
@@ -138,13 +139,13 @@ pub async fn run(ctx: ControllerContext) {
                     Ok(Change::Added(n)) => {
                         // Before the worker can take it, so it finds the lookup under way.
                         prefetch(&provider, &config, [n.clone()]);
-                        if let Some(name) = &n.metadata.name {
-                            queue.add(name.clone());
+                        if let Some(name) = n.name_str() {
+                            queue.add(name.to_string());
                         }
                     }
                     Ok(Change::Updated { new: n, .. }) => {
-                        if let Some(name) = &n.metadata.name {
-                            queue.add(name.clone());
+                        if let Some(name) = n.name_str() {
+                            queue.add(name.to_string());
                         }
                     }
                     Ok(Change::Deleted(_)) => {}
@@ -152,8 +153,8 @@ pub async fn run(ctx: ControllerContext) {
                         let all = nodes.list();
                         prefetch(&provider, &config, all.iter().cloned());
                         for n in all {
-                            if let Some(name) = &n.metadata.name {
-                                queue.add(name.clone());
+                            if let Some(name) = n.name_str() {
+                                queue.add(name.to_string());
                             }
                         }
                     }
@@ -229,36 +230,25 @@ pub struct NodeController {
     bucket: Mutex<Bucket>,
 }
 
-fn has_cloud_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+fn has_cloud_taint(node: &CachedNode) -> bool {
+    node.taints().iter().any(|t| t.key == UNINITIALIZED_TAINT)
 }
 
-fn name_of(node: &Node) -> &str {
-    node.metadata.name.as_deref().unwrap_or_default()
+fn name_of(node: &CachedNode) -> &str {
+    node.name()
 }
 
-fn provider_id_of(node: &Node) -> &str {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .unwrap_or_default()
+fn provider_id_of(node: &CachedNode) -> &str {
+    node.provider_id().unwrap_or_default()
 }
 
-fn addresses_of(node: &Node) -> &[NodeAddress] {
-    node.status
-        .as_ref()
-        .and_then(|s| s.addresses.as_deref())
-        .unwrap_or_default()
+fn addresses_of(node: &CachedNode) -> &[NodeAddress] {
+    node.addresses().unwrap_or_default()
 }
 
 /// Seconds since the node's creation (0 when unknown).
-fn seconds_since_creation(node: &Node) -> f64 {
-    node.metadata
-        .creation_timestamp
-        .as_ref()
+fn seconds_since_creation(node: &CachedNode) -> f64 {
+    node.creation_timestamp()
         .map(|t| {
             k8s_openapi::jiff::Timestamp::now()
                 .duration_since(t.0)
@@ -322,7 +312,7 @@ pub async fn get_instance_metadata(
     provider: &Provider,
     node: &Node,
 ) -> Result<Option<InstanceMetadata>, String> {
-    instance_metadata(provider, &Arc::new(node.clone()), None)
+    instance_metadata(provider, &Arc::new(CachedNode::from(node.clone())), None)
         .await
         .map_err(|e| e.to_string())
 }
@@ -352,7 +342,7 @@ pub fn address_cache_use(config: &ControllerConfig) -> CacheUse {
 fn prefetch(
     provider: &Provider,
     config: &ControllerConfig,
-    nodes: impl IntoIterator<Item = Arc<Node>>,
+    nodes: impl IntoIterator<Item = Arc<CachedNode>>,
 ) {
     if provider.bulk_instances() {
         provider.prefetch_instances(
@@ -367,7 +357,7 @@ fn prefetch(
 /// provider's instance cache as it says and, for a bulk provider, in a batch.
 async fn instance_metadata(
     provider: &Provider,
-    node: &Arc<Node>,
+    node: &Arc<CachedNode>,
     cache: Option<CacheUse>,
 ) -> Result<Option<InstanceMetadata>, SyncError> {
     let name = name_of(node);
@@ -483,14 +473,18 @@ impl NodeModifications {
     /// Would [`Self::apply`] change nothing on `node`: no cloud taint, the providerID set (when
     /// there is one to set), every label present with the cloud's value (additional labels:
     /// present)?
-    pub fn already_applied(&self, node: &Node) -> bool {
+    pub fn already_applied(&self, node: &CachedNode) -> bool {
         let provider_id_set = self.provider_id.is_none() || !provider_id_of(node).is_empty();
-        let labels = node.metadata.labels.as_ref();
-        let label = |k: &String| labels.and_then(|l| l.get(k));
         !has_cloud_taint(node)
             && provider_id_set
-            && self.labels.iter().all(|(k, v)| label(k) == Some(v))
-            && self.additional_labels.keys().all(|k| label(k).is_some())
+            && self
+                .labels
+                .iter()
+                .all(|(k, v)| node.label(k) == Some(v.as_str()))
+            && self
+                .additional_labels
+                .keys()
+                .all(|k| node.label(k).is_some())
     }
 
     /// Apply to `node`, removing every taint keyed [`UNINITIALIZED_TAINT`] (other taints keep
@@ -537,7 +531,10 @@ impl NodeModifications {
 /// Upstream `getNodeModifiersFromCloudProvider` (the taint removal is in
 /// [`NodeModifications::apply`]). Fails when the node-IP annotation does not fit the cloud's
 /// addresses.
-pub fn node_modifications(node: &Node, md: &InstanceMetadata) -> Result<NodeModifications, String> {
+pub fn node_modifications(
+    node: &CachedNode,
+    md: &InstanceMetadata,
+) -> Result<NodeModifications, String> {
     let name = name_of(node);
     let mut m = NodeModifications::default();
     if provider_id_of(node).is_empty() {
@@ -553,7 +550,7 @@ pub fn node_modifications(node: &Node, md: &InstanceMetadata) -> Result<NodeModi
     }
     // Validated against the cloud's addresses only (no kubelet Hostname), before untainting.
     apply_node_ip(
-        node.metadata.annotations.as_ref(),
+        node.annotation(PROVIDED_NODE_IP_ANNOTATION),
         md.node_addresses.clone(),
     )
     .map_err(|e| format!("provided node ip for node {name:?} is not valid: {e}"))?;
@@ -665,7 +662,7 @@ impl NodeController {
         let mods = node_modifications(&cur, &md)
             .map_err(|e| format!("failed to get node modifiers from cloud provider: {e}"))?;
         let updated = match self.update_with_retry(&cur, &mods).await? {
-            Initialised::Now(updated) => updated,
+            Initialised::Now(updated) => CachedNode::from(*updated),
             Initialised::Gone => {
                 tracing::info!(
                     controller = NAME,
@@ -710,12 +707,12 @@ impl NodeController {
     /// One full PUT of the node with `mods` applied, retried on Conflict.
     async fn update_with_retry(
         &self,
-        cached: &Node,
+        cached: &CachedNode,
         mods: &NodeModifications,
     ) -> Result<Initialised, String> {
         let name = name_of(cached);
         let api: Api<Node> = Api::all(self.ctx.client.clone());
-        let mut base = cached.clone();
+        let mut base = cached.to_node();
         for attempt in 1..=UPDATE_ATTEMPTS {
             let mut node = base.clone();
             mods.apply(&mut node);
@@ -734,7 +731,9 @@ impl NodeController {
                         // again would repeat the PUT, the address patch and the Synced
                         // event. (A taint removed by hand leaves the labels or providerID
                         // to write: such a node is still initialised here.)
-                        Ok(n) if mods.already_applied(&n) => return Ok(Initialised::Already),
+                        Ok(n) if mods.already_applied(&CachedNode::from(n.clone())) => {
+                            return Ok(Initialised::Already)
+                        }
                         Ok(n) => n,
                         Err(e) if is_not_found(&e) => return Ok(Initialised::Gone),
                         Err(e) => {
@@ -759,8 +758,8 @@ impl NodeController {
     }
 
     /// Upstream `reconcileNodeLabels`: one label patch when a GA label differs from its beta.
-    async fn reconcile_labels(&self, node: &Node) -> Result<(), String> {
-        let update = label_reconciliation(node.metadata.labels.as_ref());
+    async fn reconcile_labels(&self, node: &CachedNode) -> Result<(), String> {
+        let update = label_reconciliation(|k| node.label(k));
         if update.is_empty() {
             return Ok(());
         }
@@ -777,7 +776,7 @@ impl NodeController {
 
     /// Upstream `updateNodeAddress`: patch `status.addresses` when the cloud's addresses (plus
     /// the kubelet's Hostname, with the node-IP rules applied) differ from the node's.
-    pub async fn update_node_address(&self, node: &Node, md: &InstanceMetadata) {
+    pub async fn update_node_address(&self, node: &CachedNode, md: &InstanceMetadata) {
         let name = name_of(node);
         if has_cloud_taint(node) {
             tracing::debug!(
@@ -791,7 +790,7 @@ impl NodeController {
         let new = match desired_addresses(
             &md.node_addresses,
             current,
-            node.metadata.annotations.as_ref(),
+            node.annotation(PROVIDED_NODE_IP_ANNOTATION),
         ) {
             None => {
                 tracing::debug!(
@@ -829,7 +828,7 @@ impl NodeController {
     /// by name (one call when the first succeeds).
     async fn instance_node_addresses(
         &self,
-        node: &Arc<Node>,
+        node: &Arc<CachedNode>,
     ) -> Result<Option<InstanceMetadata>, SyncError> {
         let provider = &self.ctx.provider;
         let caps = provider.capabilities();
@@ -862,7 +861,8 @@ impl NodeController {
         let workers = cfg.node_status_workers();
         let count = nodes.len();
         if self.ctx.provider.bulk_instances() {
-            let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| !has_cloud_taint(n)).collect();
+            let nodes: Vec<Arc<CachedNode>> =
+                nodes.into_iter().filter(|n| !has_cloud_taint(n)).collect();
             let answers = self
                 .ctx
                 .provider
@@ -892,7 +892,7 @@ impl NodeController {
     /// The address loop's handling of one node's answer: update the addresses, or log.
     async fn on_instance_addresses(
         &self,
-        node: &Node,
+        node: &CachedNode,
         answer: Result<Option<InstanceMetadata>, SyncError>,
     ) {
         match answer {
@@ -938,6 +938,11 @@ mod tests {
     use crate::runtime::well_known::PROVIDED_NODE_IP_ANNOTATION;
     use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    /// The cache's form of a node.
+    fn c(n: &Node) -> CachedNode {
+        CachedNode::from(n.clone())
+    }
 
     fn taint(key: &str, effect: &str) -> Taint {
         Taint {
@@ -1009,7 +1014,7 @@ mod tests {
     #[test]
     fn modifications_set_provider_id_labels_and_remove_only_the_cloud_taint() {
         let mut n = node("", &[("existing", "node")], &[]);
-        let m = node_modifications(&n, &metadata()).unwrap();
+        let m = node_modifications(&c(&n), &metadata()).unwrap();
         m.apply(&mut n);
         let spec = n.spec.as_ref().unwrap();
         assert_eq!(spec.provider_id.as_deref(), Some("fake://12345"));
@@ -1041,21 +1046,21 @@ mod tests {
     #[test]
     fn modifications_are_already_applied_only_when_they_would_change_nothing() {
         let fresh = node("", &[], &[]);
-        let m = node_modifications(&fresh, &metadata()).unwrap();
+        let m = node_modifications(&c(&fresh), &metadata()).unwrap();
         assert!(
-            !m.already_applied(&fresh),
+            !m.already_applied(&c(&fresh)),
             "tainted, no providerID, no labels"
         );
         let mut done = fresh.clone();
         m.apply(&mut done);
-        assert!(m.already_applied(&done));
+        assert!(m.already_applied(&c(&done)));
         // Taint removed by hand: labels and providerID still to write.
         let mut by_hand = fresh.clone();
         by_hand.spec.as_mut().unwrap().taints = None;
-        assert!(!m.already_applied(&by_hand));
+        assert!(!m.already_applied(&c(&by_hand)));
         // ... also when the kubelet set the providerID.
         by_hand.spec.as_mut().unwrap().provider_id = Some("fake://12345".into());
-        assert!(!m.already_applied(&by_hand));
+        assert!(!m.already_applied(&c(&by_hand)));
         // One cloud label with another value.
         let mut changed = done.clone();
         changed
@@ -1064,7 +1069,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert("topology.kubernetes.io/zone".into(), "elsewhere".into());
-        assert!(!m.already_applied(&changed));
+        assert!(!m.already_applied(&c(&changed)));
         // No providerID from the cloud: nothing to set there.
         let none = NodeModifications {
             provider_id: None,
@@ -1072,13 +1077,13 @@ mod tests {
         };
         let mut without_id = done.clone();
         without_id.spec.as_mut().unwrap().provider_id = None;
-        assert!(none.already_applied(&without_id));
+        assert!(none.already_applied(&c(&without_id)));
     }
 
     #[test]
     fn existing_provider_id_is_never_changed() {
         let mut n = node("fake://existing", &[], &[]);
-        let m = node_modifications(&n, &metadata()).unwrap();
+        let m = node_modifications(&c(&n), &metadata()).unwrap();
         assert_eq!(m.provider_id, None);
         m.apply(&mut n);
         assert_eq!(
@@ -1087,7 +1092,7 @@ mod tests {
         );
         // An ID set between reading and updating is kept too.
         let mut n = node("", &[], &[]);
-        let m = node_modifications(&n, &metadata()).unwrap();
+        let m = node_modifications(&c(&n), &metadata()).unwrap();
         n.spec.as_mut().unwrap().provider_id = Some("fake://meanwhile".into());
         m.apply(&mut n);
         assert_eq!(
@@ -1101,7 +1106,7 @@ mod tests {
         let mut n = node("", &[], &[]);
         n.spec.as_mut().unwrap().taints = Some(vec![taint(UNINITIALIZED_TAINT, "NoSchedule")]);
         let md = InstanceMetadata::default();
-        let m = node_modifications(&n, &md).unwrap();
+        let m = node_modifications(&c(&n), &md).unwrap();
         m.apply(&mut n);
         assert_eq!(n.metadata.labels, None);
         assert_eq!(n.spec.as_ref().unwrap().provider_id, None);
@@ -1116,29 +1121,29 @@ mod tests {
     fn invalid_or_absent_node_ip_fails_before_anything_is_changed() {
         let n = node("", &[], &[(PROVIDED_NODE_IP_ANNOTATION, "10.0.0.9")]);
         assert_eq!(
-            node_modifications(&n, &metadata()).unwrap_err(),
+            node_modifications(&c(&n), &metadata()).unwrap_err(),
             "provided node ip for node \"node0\" is not valid: failed to get node address from cloud provider that matches ip: 10.0.0.9"
         );
         let n = node("", &[], &[(PROVIDED_NODE_IP_ANNOTATION, "10.0.0.1.1")]);
-        assert!(node_modifications(&n, &metadata())
+        assert!(node_modifications(&c(&n), &metadata())
             .unwrap_err()
             .starts_with(
                 "provided node ip for node \"node0\" is not valid: failed to parse node IP"
             ));
         let n = node("", &[], &[(PROVIDED_NODE_IP_ANNOTATION, "132.143.154.163")]);
-        assert!(node_modifications(&n, &metadata()).is_ok());
+        assert!(node_modifications(&c(&n), &metadata()).is_ok());
     }
 
     #[test]
     fn cloud_taint_is_matched_by_key_only() {
         let mut n = node("", &[], &[]);
-        assert!(has_cloud_taint(&n));
+        assert!(has_cloud_taint(&c(&n)));
         n.spec.as_mut().unwrap().taints = Some(vec![taint(UNINITIALIZED_TAINT, "NoExecute")]);
-        assert!(has_cloud_taint(&n));
+        assert!(has_cloud_taint(&c(&n)));
         n.spec.as_mut().unwrap().taints = Some(vec![taint("x", "NoSchedule")]);
-        assert!(!has_cloud_taint(&n));
+        assert!(!has_cloud_taint(&c(&n)));
         n.spec = None;
-        assert!(!has_cloud_taint(&n));
+        assert!(!has_cloud_taint(&c(&n)));
     }
 
     #[test]

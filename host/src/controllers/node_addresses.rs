@@ -10,8 +10,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use k8s_openapi::api::core::v1::NodeAddress;
 
 use crate::runtime::well_known::{
-    INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, PROVIDED_NODE_IP_ANNOTATION, REGION_BETA_LABEL,
-    REGION_LABEL, ZONE_BETA_LABEL, ZONE_LABEL,
+    INSTANCE_TYPE_BETA_LABEL, INSTANCE_TYPE_LABEL, REGION_BETA_LABEL, REGION_LABEL,
+    ZONE_BETA_LABEL, ZONE_LABEL,
 };
 
 /// The `Hostname` address type.
@@ -96,12 +96,13 @@ pub fn addresses_from_node_ip(
     Ok(out)
 }
 
-/// Apply the annotation if present (upstream `updateNodeAddressesFromNodeIP`).
+/// Apply the node's [`PROVIDED_NODE_IP_ANNOTATION`] if present (`node_ip`: its value; upstream
+/// `updateNodeAddressesFromNodeIP`).
 pub fn apply_node_ip(
-    annotations: Option<&BTreeMap<String, String>>,
+    node_ip: Option<&str>,
     addresses: Vec<NodeAddress>,
 ) -> Result<Vec<NodeAddress>, String> {
-    match annotations.and_then(|a| a.get(PROVIDED_NODE_IP_ANNOTATION)) {
+    match node_ip {
         Some(value) => addresses_from_node_ip(value, &addresses),
         None => Ok(addresses),
     }
@@ -113,7 +114,7 @@ pub fn apply_node_ip(
 pub fn desired_addresses(
     cloud: &[NodeAddress],
     current: &[NodeAddress],
-    annotations: Option<&BTreeMap<String, String>>,
+    node_ip: Option<&str>,
 ) -> Option<Result<Vec<NodeAddress>, String>> {
     if cloud.is_empty() {
         return None;
@@ -122,7 +123,7 @@ pub fn desired_addresses(
     if !cloud.iter().any(|a| a.type_ == HOSTNAME) {
         addresses.extend(current.iter().filter(|a| a.type_ == HOSTNAME).cloned());
     }
-    Some(apply_node_ip(annotations, addresses))
+    Some(apply_node_ip(node_ip, addresses))
 }
 
 /// Whether `new` differs from `current` (upstream `nodeAddressesChangeDetected`): a different
@@ -177,18 +178,18 @@ pub const LABEL_PAIRS: [(&str, &str); 3] = [
 ];
 
 /// The labels to write so every GA label equals its beta label (upstream
-/// `reconcileNodeLabels`); empty when consistent or when the node has no labels.
-pub fn label_reconciliation(labels: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
+/// `reconcileNodeLabels`); empty when consistent or when the node has no labels. `label` reads
+/// one of the node's labels.
+pub fn label_reconciliation<'a>(
+    label: impl Fn(&str) -> Option<&'a str>,
+) -> BTreeMap<String, String> {
     let mut update = BTreeMap::new();
-    let Some(labels) = labels else {
-        return update;
-    };
     for (primary, secondary) in LABEL_PAIRS {
-        let Some(value) = labels.get(primary) else {
+        let Some(value) = label(primary) else {
             continue;
         };
-        if labels.get(secondary) != Some(value) {
-            update.insert(secondary.to_string(), value.clone());
+        if label(secondary) != Some(value) {
+            update.insert(secondary.to_string(), value.to_string());
         }
     }
     update
@@ -203,10 +204,6 @@ mod tests {
             type_: t.into(),
             address: addr.into(),
         }
-    }
-
-    fn ann(v: &str) -> BTreeMap<String, String> {
-        BTreeMap::from([(PROVIDED_NODE_IP_ANNOTATION.to_string(), v.to_string())])
     }
 
     #[test]
@@ -363,7 +360,7 @@ mod tests {
         let with_ip = desired_addresses(
             &[a("ExternalIP", "1.2.3.4"), a("InternalIP", "10.0.0.1")],
             &current,
-            Some(&ann("10.0.0.1")),
+            Some("10.0.0.1"),
         );
         assert_eq!(
             with_ip.unwrap().unwrap(),
@@ -373,13 +370,11 @@ mod tests {
                 a("Hostname", "kubelet-host")
             ]
         );
-        assert!(desired_addresses(
-            &[a("InternalIP", "10.0.0.1")],
-            &current,
-            Some(&ann("10.0.0.2"))
-        )
-        .unwrap()
-        .is_err());
+        assert!(
+            desired_addresses(&[a("InternalIP", "10.0.0.1")], &current, Some("10.0.0.2"))
+                .unwrap()
+                .is_err()
+        );
     }
 
     #[test]
@@ -459,7 +454,7 @@ mod tests {
             ("beta.kubernetes.io/instance-type", "the-type"),
         ]);
         assert_eq!(
-            label_reconciliation(Some(&l)),
+            label_reconciliation(|k| l.get(k).map(String::as_str)),
             labels(&[
                 ("topology.kubernetes.io/zone", "zone-a"),
                 ("topology.kubernetes.io/region", "region-a"),
@@ -471,19 +466,19 @@ mod tests {
             ("failure-domain.beta.kubernetes.io/zone", "zone-a"),
             ("topology.kubernetes.io/zone", "zone-a"),
         ]);
-        assert!(label_reconciliation(Some(&l)).is_empty());
+        assert!(label_reconciliation(|k| l.get(k).map(String::as_str)).is_empty());
         // GA differs from beta: overwritten.
         let l = labels(&[
             ("beta.kubernetes.io/instance-type", "new"),
             ("node.kubernetes.io/instance-type", "old"),
         ]);
         assert_eq!(
-            label_reconciliation(Some(&l)),
+            label_reconciliation(|k| l.get(k).map(String::as_str)),
             labels(&[("node.kubernetes.io/instance-type", "new")])
         );
         // Only GA present: beta is the source of truth, nothing to do.
         let l = labels(&[("topology.kubernetes.io/zone", "zone-a")]);
-        assert!(label_reconciliation(Some(&l)).is_empty());
-        assert!(label_reconciliation(None).is_empty());
+        assert!(label_reconciliation(|k| l.get(k).map(String::as_str)).is_empty());
+        assert!(label_reconciliation(|_| None).is_empty());
     }
 }

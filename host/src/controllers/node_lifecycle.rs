@@ -47,6 +47,7 @@ use crate::provider::{CacheUse, InstanceAnswer, InstanceQuery, Provider};
 use crate::runtime::events::{node_ref, EventRecorder, EventType};
 use crate::runtime::patches::{add_node_taint, remove_node_taint};
 use crate::runtime::well_known::{READY_CONDITION, SHUTDOWN_TAINT};
+use crate::runtime::{CachedNode, NodeRef};
 
 /// Canonical controller name.
 pub const NAME: &str = "cloud-node-lifecycle-controller";
@@ -204,40 +205,32 @@ pub async fn run(ctx: ControllerContext) {
     ctx.metrics.set_running(ALIAS, false);
 }
 
-fn ready_status(node: &Node) -> &str {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == READY_CONDITION))
+fn ready_status(node: &CachedNode) -> &str {
+    node.condition(READY_CONDITION)
         .map_or("Unknown", |c| c.status.as_str())
 }
 
 /// Is `node` a node without a providerID created less than `grace` ago?
-fn within_provider_id_grace(node: &Node, grace: std::time::Duration) -> bool {
+fn within_provider_id_grace(node: &CachedNode, grace: std::time::Duration) -> bool {
     if !spec_provider_id(node).is_empty() {
         return false;
     }
-    let Some(created) = node.metadata.creation_timestamp.as_ref() else {
+    let Some(created) = node.creation_timestamp() else {
         return false;
     };
     let age_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond() - created.0.as_millisecond();
     u128::try_from(age_ms).map_or(true, |age| age < grace.as_millis())
 }
 
-fn spec_provider_id(node: &Node) -> &str {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .unwrap_or_default()
+fn spec_provider_id(node: &impl NodeRef) -> &str {
+    node.node_provider_id()
 }
 
 /// The key of a node's confirmation count: its UID (a node deleted and created again under the
 /// same name starts from zero), or its name when it has none.
-fn node_key(node: &Node) -> &str {
-    node.metadata
-        .uid
-        .as_deref()
-        .or(node.metadata.name.as_deref())
+fn node_key(node: &CachedNode) -> &str {
+    node.uid()
+        .or(node.name_str().map(|n| &**n))
         .unwrap_or_default()
 }
 
@@ -275,7 +268,7 @@ pub struct Absence {
 /// `InstanceExists` only with `policy.on_instance_not_found`.
 pub async fn instance_existence(
     provider: &Provider,
-    node: &Node,
+    node: &impl NodeRef,
     policy: &NodeDeletionPolicy,
 ) -> Existence {
     let caps = provider.capabilities();
@@ -325,12 +318,12 @@ pub async fn instance_existence(
 /// its own period as max-age ([`lifecycle_cache_use`]).
 async fn bulk_answers(
     ctx: &ControllerContext,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<CachedNode>],
 ) -> HashMap<String, Result<InstanceAnswer, ProviderError>> {
     if !ctx.provider.bulk_instances() {
         return HashMap::new();
     }
-    let not_ready: Vec<Arc<Node>> = nodes
+    let not_ready: Vec<Arc<CachedNode>> = nodes
         .iter()
         .filter(|n| ready_status(n) != "True")
         .cloned()
@@ -366,7 +359,7 @@ pub fn lifecycle_cache_use(config: &ControllerConfig) -> CacheUse {
 /// `policy.on_instance_not_found` (as for `InstanceExists`). A batch-level "not found" never
 /// reaches here as such (the call layer makes it `OTHER`).
 pub fn existence_of_answer(
-    node: &Node,
+    node: &impl NodeRef,
     answer: &Result<InstanceAnswer, ProviderError>,
     policy: &NodeDeletionPolicy,
 ) -> Existence {
@@ -595,10 +588,10 @@ async fn check_node(
     ctx: &ControllerContext,
     recorder: &EventRecorder,
     shared: &Mutex<PassState<'_>>,
-    node: Arc<Node>,
+    node: Arc<CachedNode>,
     answer: Option<Result<InstanceAnswer, ProviderError>>,
 ) {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let name = node.name();
     let key = node_key(&node);
     if ready_status(&node) == "True" {
         lock(shared).forget(key, name, "node is Ready");
@@ -666,11 +659,11 @@ async fn on_does_not_exist(
     ctx: &ControllerContext,
     recorder: &EventRecorder,
     shared: &Mutex<PassState<'_>>,
-    node: &Node,
+    node: &CachedNode,
     key: &str,
     absence: &Absence,
 ) {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let name = node.name();
     let policy = &ctx.config.node_deletion;
     let verdict = {
         let mut state = lock(shared);
@@ -725,8 +718,8 @@ async fn on_does_not_exist(
 
 /// Upstream's deletion: its log line, `DeletingNode` event, DELETE without preconditions, and
 /// `DeletingNodeFailed` on failure. `true` when the API server accepted the delete.
-async fn delete(ctx: &ControllerContext, recorder: &EventRecorder, node: &Node) -> bool {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+async fn delete(ctx: &ControllerContext, recorder: &EventRecorder, node: &CachedNode) -> bool {
+    let name = node.name();
     tracing::info!(controller = NAME, node = %name, "deleting node since it is no longer present in cloud provider: {name}");
     recorder.publish(
         node_ref(node),
@@ -786,7 +779,10 @@ fn format_span(span: Duration) -> String {
 /// Upstream `getProviderID`: the spec value; else (V2) the metadata's provider ID, which may be
 /// `""`; else `GetInstanceProviderID` (InstanceNotFound propagated unchanged, other errors
 /// wrapped "failed to get instance ID from cloud provider: …").
-pub async fn get_provider_id(provider: &Provider, node: &Node) -> Result<String, ProviderError> {
+pub async fn get_provider_id(
+    provider: &Provider,
+    node: &impl NodeRef,
+) -> Result<String, ProviderError> {
     let pid = spec_provider_id(node);
     if !pid.is_empty() {
         return Ok(pid.to_string());
@@ -799,20 +795,20 @@ pub async fn get_provider_id(provider: &Provider, node: &Node) -> Result<String,
             .map(|m| m.provider_id)
             .unwrap_or_default());
     }
-    get_instance_provider_id(provider, node.metadata.name.as_deref().unwrap_or_default()).await
+    get_instance_provider_id(provider, node.node_name()).await
 }
 
 /// The provider ID for legacy existence/shutdown checks: `Ok(None)` when the instance is not
 /// found by name.
 async fn legacy_provider_id(
     provider: &Provider,
-    node: &Node,
+    node: &impl NodeRef,
 ) -> Result<Option<String>, ProviderError> {
     let pid = spec_provider_id(node);
     if !pid.is_empty() {
         return Ok(Some(pid.to_string()));
     }
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let name = node.node_name();
     match get_instance_provider_id(provider, name).await {
         Ok(id) => Ok(Some(id)),
         Err(e) if e.kind() == ErrorKind::INSTANCE_NOT_FOUND => Ok(None),
@@ -822,7 +818,10 @@ async fn legacy_provider_id(
 
 /// Upstream `ensureNodeExistsByProviderID`, with upstream's defaults: [`instance_existence`]
 /// as a boolean (`Err` for [`Existence::Unknown`]).
-pub async fn ensure_node_exists(provider: &Provider, node: &Node) -> Result<bool, ProviderError> {
+pub async fn ensure_node_exists(
+    provider: &Provider,
+    node: &impl NodeRef,
+) -> Result<bool, ProviderError> {
     match instance_existence(provider, node, &NodeDeletionPolicy::default()).await {
         Existence::Exists => Ok(true),
         Existence::DoesNotExist(_) => Ok(false),
@@ -833,7 +832,7 @@ pub async fn ensure_node_exists(provider: &Provider, node: &Node) -> Result<bool
 /// Upstream `shutdownInCloudProvider`.
 pub async fn shutdown_in_cloud_provider(
     provider: &Provider,
-    node: &Node,
+    node: &impl NodeRef,
 ) -> Result<bool, ProviderError> {
     let caps = provider.capabilities();
     if caps.instances_v2 {
@@ -858,8 +857,8 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
 
-    fn with_ready(status: Option<&str>) -> Node {
-        Node {
+    fn with_ready(status: Option<&str>) -> CachedNode {
+        CachedNode::from(Node {
             status: Some(NodeStatus {
                 conditions: status.map(|s| {
                     vec![
@@ -878,7 +877,7 @@ mod tests {
                 ..Default::default()
             }),
             ..Default::default()
-        }
+        })
     }
 
     #[test]
@@ -886,7 +885,7 @@ mod tests {
         assert_eq!(ready_status(&with_ready(Some("True"))), "True");
         assert_eq!(ready_status(&with_ready(Some("False"))), "False");
         assert_eq!(ready_status(&with_ready(None)), "Unknown");
-        assert_eq!(ready_status(&Node::default()), "Unknown");
+        assert_eq!(ready_status(&CachedNode::default()), "Unknown");
     }
 
     fn policy(confirmations: u32, mode: NodeDeletionMode) -> NodeDeletionPolicy {

@@ -51,6 +51,7 @@ use crate::runtime::ownership::{Owner, Ownership, PLATFORM_LABEL};
 use crate::runtime::patches::{is_conflict, is_not_found};
 use crate::runtime::well_known::UNINITIALIZED_TAINT;
 use crate::runtime::workqueue::WorkQueue;
+use crate::runtime::CachedNode;
 
 /// Controller name (calls, logs, the work queue).
 pub const NAME: &str = "node-ownership-controller";
@@ -120,11 +121,8 @@ impl Pending {
 }
 
 /// Is `node` waiting for a cloud provider to initialise it?
-fn waits_for_initialisation(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+fn waits_for_initialisation(node: &CachedNode) -> bool {
+    node.taints().iter().any(|t| t.key == UNINITIALIZED_TAINT)
 }
 
 /// What the providers said about one node.
@@ -155,13 +153,13 @@ pub async fn run(
         .with_metrics(&ctx.metrics.workqueue);
     let candidate = {
         let ownership = ownership.clone();
-        move |n: &Node| ownership.owner(n) == Owner::Unclaimed && waits_for_initialisation(n)
+        move |n: &CachedNode| ownership.owner(n) == Owner::Unclaimed && waits_for_initialisation(n)
     };
     let enqueue_all = |queue: &WorkQueue<String>| {
         for n in ctx.nodes.list() {
             if candidate(&n) {
-                if let Some(name) = &n.metadata.name {
-                    queue.add(name.clone());
+                if let Some(name) = n.name_str() {
+                    queue.add(name.to_string());
                 }
             }
         }
@@ -172,7 +170,7 @@ pub async fn run(
         .list()
         .iter()
         .filter(|n| candidate(n))
-        .filter_map(|n| n.metadata.name.clone())
+        .filter_map(|n| n.name_str().map(|n| n.to_string()))
         .collect();
     for name in &initial {
         queue.add(name.clone());
@@ -198,22 +196,18 @@ pub async fn run(
     let announce = {
         let (ownership, recorder, announced) =
             (ownership.clone(), recorder.clone(), announced.clone());
-        move |n: &Node| {
-            let (Some(name), Some((owner, by))) = (&n.metadata.name, ownership.declared_owner(n))
+        move |n: &CachedNode| {
+            let (Some(name), Some((owner, by))) = (n.name_str(), ownership.declared_owner(n))
             else {
                 return;
             };
-            if !lock_set(&announced).insert(name.clone()) {
+            if !lock_set(&announced).insert(name.to_string()) {
                 return;
             }
             let provider = &ownership.names()[owner];
             let message =
                 format!("claimed by cloud provider {provider} because of the node's own {by}");
-            tracing::info!(
-                node = name.as_str(),
-                provider = provider.as_str(),
-                "{message}"
-            );
+            tracing::info!(node = &**name, provider = provider.as_str(), "{message}");
             recorder.publish(node_ref(n), EventType::Normal, CLAIMED_REASON, message);
         }
     };
@@ -269,21 +263,21 @@ pub async fn run(
             Ok(Change::Added(n) | Change::Updated { new: n, .. }) => {
                 announce(&n);
                 if candidate(&n) {
-                    if let Some(name) = &n.metadata.name {
-                        queue.add(name.clone());
+                    if let Some(name) = n.name_str() {
+                        queue.add(name.to_string());
                     }
                 }
                 // Decided from the cache, not from this change: changes made while the cache
                 // first synced arrive after the pending set was built and may be older.
-                if let Some(name) = &n.metadata.name {
+                if let Some(name) = n.name_str() {
                     if !still_candidate(name) {
                         pending.decided(name);
                     }
                 }
             }
             Ok(Change::Deleted(n)) => {
-                if let Some(name) = &n.metadata.name {
-                    lock_set(&announced).remove(name);
+                if let Some(name) = n.name_str() {
+                    lock_set(&announced).remove(&**name);
                     if !still_candidate(name) {
                         pending.decided(name);
                     }
@@ -415,10 +409,10 @@ const LABEL_ATTEMPTS: u32 = 5;
 async fn label_unless_claimed(
     client: &kube::Client,
     ownership: &Ownership,
-    node: &Node,
+    node: &CachedNode,
     value: &str,
 ) -> Result<Labelled, kube::Error> {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let name = node.name();
     let api: kube::Api<Node> = kube::Api::all(client.clone());
     let mut current = node.clone();
     let mut attempt = 1;
@@ -427,7 +421,7 @@ async fn label_unless_claimed(
             return Ok(Labelled::ClaimedMeanwhile);
         }
         let body = serde_json::json!({"metadata": {
-            "resourceVersion": current.metadata.resource_version,
+            "resourceVersion": current.resource_version(),
             "labels": {PLATFORM_LABEL: value},
         }});
         match api
@@ -441,7 +435,7 @@ async fn label_unless_claimed(
             Ok(_) => return Ok(Labelled::Yes),
             Err(e) if is_conflict(&e) && attempt < LABEL_ATTEMPTS => {
                 attempt += 1;
-                current = api.get(name).await?;
+                current = CachedNode::from(api.get(name).await?);
             }
             Err(e) => return Err(e),
         }
@@ -450,8 +444,8 @@ async fn label_unless_claimed(
 
 /// Ask the providers in order whether they know `node`; the first "yes" wins, the first error
 /// ends the round.
-async fn ask(providers: &[Provider], node: &Node) -> Verdict {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+async fn ask(providers: &[Provider], node: &CachedNode) -> Verdict {
+    let name = node.name();
     for (i, provider) in providers.iter().enumerate() {
         let caps = provider.capabilities();
         let known = if caps.instances_v2 {

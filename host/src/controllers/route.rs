@@ -32,7 +32,7 @@ use std::time::Instant;
 use ccm_provider_abi::{ProviderError, Route};
 use futures::StreamExt;
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition};
+use k8s_openapi::api::core::v1::{NodeAddress, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{broadcast, Semaphore};
 
@@ -42,6 +42,7 @@ use crate::runtime::events::{node_ref, EventRecorder, EventType};
 use crate::runtime::informer::Change;
 use crate::runtime::patches::patch_node_condition;
 use crate::runtime::well_known::NETWORK_UNAVAILABLE_CONDITION;
+use crate::runtime::CachedNode;
 
 /// Canonical controller name.
 pub const NAME: &str = "node-route-controller";
@@ -117,15 +118,13 @@ fn start(ctx: &ControllerContext) -> Start {
 }
 
 /// Whether a node change should trigger a reconcile (upstream's watch-mode predicate).
-pub fn should_reconcile(change: &Change<Node>) -> bool {
+pub fn should_reconcile(change: &Change<CachedNode>) -> bool {
     match change {
         Change::Added(_) | Change::Deleted(_) => true,
         Change::Updated { old, new } => {
-            let cidrs = |n: &Node| n.spec.as_ref().and_then(|s| s.pod_cidrs.clone());
-            let addrs = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
-            cidrs(old) != cidrs(new)
-                || addrs(old) != addrs(new)
-                || old.metadata.resource_version == new.metadata.resource_version
+            old.pod_cidrs() != new.pod_cidrs()
+                || old.addresses() != new.addresses()
+                || old.resource_version() == new.resource_version()
         }
     }
 }
@@ -225,28 +224,21 @@ pub async fn reconcile(
     // Per node with podCIDRs: the action for each of its CIDRs (ordered as in the spec).
     let mut actions: HashMap<String, Vec<(String, Action)>> = HashMap::new();
     for node in &nodes {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let cidrs = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.pod_cidrs.clone())
-            .unwrap_or_default();
+        let name = node.name().to_string();
+        let cidrs = node.pod_cidrs().unwrap_or_default();
         if cidrs.is_empty() {
             continue;
         }
-        let addrs = node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.clone())
-            .unwrap_or_default();
+        let addrs = node.addresses().unwrap_or_default();
         let existing = routes_by_node.get(name.as_str());
         let mut per_node = Vec::new();
         for cidr in cidrs {
+            let cidr = cidr.to_string();
             let action =
                 match existing.and_then(|rs| rs.iter().find(|r| r.destination_cidr == cidr)) {
                     Some(r)
                         if !r.enable_node_addresses
-                            || addresses_equal(&r.target_node_addresses, &addrs) =>
+                            || addresses_equal(&r.target_node_addresses, addrs) =>
                     {
                         Action::Keep
                     }
@@ -324,11 +316,8 @@ pub async fn reconcile(
     }
 
     // Creations, made lazily and bounded as the deletions.
-    let by_name: HashMap<&str, &Arc<Node>> = nodes
-        .iter()
-        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n))
-        .collect();
-    let mut to_create: Vec<(Arc<Node>, usize, String)> = Vec::new();
+    let by_name: HashMap<&str, &Arc<CachedNode>> = nodes.iter().map(|n| (n.name(), n)).collect();
+    let mut to_create: Vec<(Arc<CachedNode>, usize, String)> = Vec::new();
     for (name, per_node) in &actions {
         let Some(node) = by_name.get(name.as_str()) else {
             continue;
@@ -349,16 +338,12 @@ pub async fn reconcile(
             );
             async move {
                 let route = Route {
-                    target_node: node.metadata.name.clone().unwrap_or_default(),
-                    target_node_addresses: node
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.addresses.clone())
-                        .unwrap_or_default(),
+                    target_node: node.name().to_string(),
+                    target_node_addresses: node.addresses().unwrap_or_default().to_vec(),
                     destination_cidr: cidr,
                     ..Default::default()
                 };
-                let uid = node.metadata.uid.clone().unwrap_or_default();
+                let uid = node.uid().unwrap_or_default().to_string();
                 let _permit = limit.acquire_owned().await;
                 let started = Instant::now();
                 match provider.create_route(&cluster, &uid, &route).await {
@@ -403,9 +388,9 @@ pub async fn reconcile(
     // rate limit (`--kube-api-qps`); more in flight would only wait there, each holding its
     // request, which with every node's condition to write was most of a large pass's memory.
     let routed: HashSet<&str> = routes_by_node.keys().copied().collect();
-    let mut to_update: Vec<(Arc<Node>, bool)> = Vec::new();
+    let mut to_update: Vec<(Arc<CachedNode>, bool)> = Vec::new();
     for node in &nodes {
-        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let name = node.name();
         let unavailable = match actions.get(name) {
             Some(per_node) => per_node.iter().any(|(_, a)| *a != Action::Keep),
             None if routed.contains(name) => true,
@@ -417,7 +402,7 @@ pub async fn reconcile(
         .map(|(node, unavailable)| {
             let client = ctx.client.clone();
             async move {
-                let name = node.metadata.name.as_deref().unwrap_or_default();
+                let name = node.name();
                 match update_network_condition(&client, &node, unavailable).await {
                     Err(e) => {
                         tracing::error!(controller = NAME, node = %name, "could not update NetworkUnavailable: {e}");
@@ -441,12 +426,8 @@ pub async fn reconcile(
 /// The `NetworkUnavailable` condition the controller would write, or `None` when the existing
 /// condition already says so with the controller's own reason (upstream's skip rules: a
 /// condition set by someone else, e.g. a CNI's `CalicoIsUp`, is overwritten).
-pub fn desired_condition(node: &Node, unavailable: bool, now: Time) -> Option<NodeCondition> {
-    let existing = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == NETWORK_UNAVAILABLE_CONDITION));
+pub fn desired_condition(node: &CachedNode, unavailable: bool, now: Time) -> Option<NodeCondition> {
+    let existing = node.condition(NETWORK_UNAVAILABLE_CONDITION);
     if let Some(c) = existing {
         let reason = c.reason.as_deref().unwrap_or("");
         if !unavailable && c.status == "False" && reason == "RouteCreated" {
@@ -477,15 +458,14 @@ pub fn desired_condition(node: &Node, unavailable: bool, now: Time) -> Option<No
 
 async fn update_network_condition(
     client: &kube::Client,
-    node: &Node,
+    node: &CachedNode,
     unavailable: bool,
 ) -> Result<bool, kube::Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let Some(condition) = desired_condition(node, unavailable, now) else {
         return Ok(false);
     };
-    let name = node.metadata.name.clone().unwrap_or_default();
-    patch_node_condition(client, &name, &condition).await?;
+    patch_node_condition(client, node.name(), &condition).await?;
     Ok(true)
 }
 
@@ -565,12 +545,13 @@ mod tests {
     #[test]
     fn condition_skip_rules_and_calico_override() {
         let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        let node_with = |status: &str, reason: &str| -> Node {
-            serde_json::from_value(serde_json::json!({
+        let node_with = |status: &str, reason: &str| -> CachedNode {
+            serde_json::from_value::<k8s_openapi::api::core::v1::Node>(serde_json::json!({
                 "metadata": {"name": "n"},
                 "status": {"conditions": [{"type": "NetworkUnavailable", "status": status, "reason": reason}]}
             }))
             .unwrap()
+            .into()
         };
         assert!(
             desired_condition(&node_with("False", "RouteCreated"), false, now.clone()).is_none()
@@ -592,21 +573,22 @@ mod tests {
             (flip.status.as_str(), flip.reason.as_deref()),
             ("True", Some("NoRouteCreated"))
         );
-        let fresh = desired_condition(&Node::default(), false, now.clone()).unwrap();
+        let fresh = desired_condition(&CachedNode::default(), false, now.clone()).unwrap();
         assert_eq!(fresh.last_transition_time, Some(now.clone()));
         assert_eq!(fresh.last_heartbeat_time, Some(now));
     }
 
     #[test]
     fn update_predicate() {
-        let node = |rv: &str, cidr: &str, image: &str| -> Arc<Node> {
+        let node = |rv: &str, cidr: &str, image: &str| -> Arc<CachedNode> {
             Arc::new(
-                serde_json::from_value(serde_json::json!({
+                serde_json::from_value::<k8s_openapi::api::core::v1::Node>(serde_json::json!({
                     "metadata": {"name": "n", "resourceVersion": rv},
                     "spec": {"podCIDRs": [cidr]},
                     "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}], "images": [{"names": [image]}]}
                 }))
-                .unwrap(),
+                .unwrap()
+                .into(),
             )
         };
         let upd = |old, new| Change::Updated { old, new };

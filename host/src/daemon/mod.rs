@@ -500,9 +500,7 @@ impl Daemon {
                 let nodes = if self.ownership.enforced() {
                     let ownership = self.ownership.clone();
                     base.nodes.view_after(
-                        Arc::new(move |n: &k8s_openapi::api::core::v1::Node| {
-                            ownership.handles(i, n)
-                        }),
+                        Arc::new(move |n: &crate::runtime::CachedNode| ownership.handles(i, n)),
                         first_round.clone().finished(),
                         self.stop.clone(),
                     )

@@ -23,9 +23,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::runtime::cached_node::{CachedNode, NodeRef};
 use ccm_provider_abi::ext::{ExtCapabilities, InstanceQuery};
 use ccm_provider_abi::{InstanceMetadata, InstanceStatus, ProviderError};
-use k8s_openapi::api::core::v1::Node;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -121,7 +121,7 @@ struct Batch {
     id: u64,
     /// The caller label of the call (the caller whose node opened the batch).
     caller: &'static str,
-    nodes: Vec<(String, Arc<Node>)>,
+    nodes: Vec<(String, Arc<CachedNode>)>,
     query: InstanceQuery,
     /// The instance cache's generation when the batch was sealed: its answers are kept only
     /// if no reload cleared the cache since ([`super::instance_cache`]).
@@ -148,16 +148,12 @@ enum Asked {
 }
 
 /// A node as a batch sees it: the same object (UID) with the same provider ID.
-fn node_key(node: &Node) -> String {
-    let m = &node.metadata;
+fn node_key(node: &CachedNode) -> String {
     format!(
         "{}\0{}\0{}",
-        m.name.as_deref().unwrap_or_default(),
-        m.uid.as_deref().unwrap_or_default(),
-        node.spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .unwrap_or_default()
+        node.node_name(),
+        node.node_uid().unwrap_or_default(),
+        node.node_provider_id()
     )
 }
 
@@ -243,7 +239,7 @@ impl Provider {
     /// [`Provider::bulk_instances`]; without it every answer is a `NotImplemented` error.
     pub async fn instance_answers(
         &self,
-        nodes: &[Arc<Node>],
+        nodes: &[Arc<CachedNode>],
         query: InstanceQuery,
         cache: CacheUse,
     ) -> Vec<Result<InstanceAnswer, ProviderError>> {
@@ -270,7 +266,7 @@ impl Provider {
     /// The answers are kept as `cache.keep_for` says, for whoever asks next.
     pub fn prefetch_instances(
         &self,
-        nodes: impl IntoIterator<Item = Arc<Node>>,
+        nodes: impl IntoIterator<Item = Arc<CachedNode>>,
         query: InstanceQuery,
         cache: CacheUse,
     ) {
@@ -284,7 +280,7 @@ impl Provider {
     /// `exists: false` is `InstanceNotFound`, as the per-node method answers.
     pub async fn instance_metadata_cached(
         &self,
-        node: &Arc<Node>,
+        node: &Arc<CachedNode>,
         cache: CacheUse,
     ) -> Result<Option<InstanceMetadata>, ProviderError> {
         let query = InstanceQuery::METADATA;
@@ -319,7 +315,7 @@ impl Provider {
     /// batches that became full and the window of a newly opened one.
     fn ask(
         &self,
-        nodes: impl IntoIterator<Item = Arc<Node>>,
+        nodes: impl IntoIterator<Item = Arc<CachedNode>>,
         query: InstanceQuery,
         cache: CacheUse,
         want_answers: bool,
@@ -455,7 +451,7 @@ impl Provider {
     async fn send(&self, batch: Batch) {
         let batcher = &self.inner.batcher;
         let permit = batcher.permits.clone().acquire_owned().await.ok();
-        let nodes: Vec<Arc<Node>> = batch.nodes.iter().map(|(_, n)| n.clone()).collect();
+        let nodes: Vec<Arc<CachedNode>> = batch.nodes.iter().map(|(_, n)| n.clone()).collect();
         self.inner
             .metrics
             .bulk
@@ -531,7 +527,7 @@ impl Provider {
     /// per-node methods.
     pub async fn instances_batch(
         &self,
-        nodes: &[Arc<Node>],
+        nodes: &[impl NodeRef],
         query: InstanceQuery,
     ) -> Result<Vec<Result<InstanceStatus, ProviderError>>, ProviderError> {
         let ext = self

@@ -30,8 +30,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::runtime::cached_node::NodeRef;
 use ccm_provider_abi::InstanceMetadata;
-use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
 
 use super::InstanceQuery;
@@ -113,8 +113,8 @@ struct Entry {
 
 impl Entry {
     /// Whether the entry is about `node` as it is now.
-    fn is_about(&self, node: &Node) -> bool {
-        if self.uid.as_deref() != node.metadata.uid.as_deref() {
+    fn is_about(&self, node: &impl NodeRef) -> bool {
+        if self.uid.as_deref() != node.node_uid() {
             return false;
         }
         let pid = provider_id(node);
@@ -128,11 +128,8 @@ impl Entry {
     }
 }
 
-fn provider_id(node: &Node) -> &str {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .unwrap_or_default()
+fn provider_id(node: &impl NodeRef) -> &str {
+    node.node_provider_id()
 }
 
 /// Sweep expired entries every this many insertions.
@@ -161,14 +158,14 @@ impl InstanceCache {
     /// The answer to `query` about `node` when every part of it is younger than `max_age`.
     pub(crate) fn get(
         &self,
-        node: &Node,
+        node: &impl NodeRef,
         query: InstanceQuery,
         max_age: Duration,
     ) -> Option<InstanceAnswer> {
         if max_age.is_zero() {
             return None;
         }
-        let name = node.metadata.name.as_deref()?;
+        let name = Some(node.node_name()).filter(|n| !n.is_empty())?;
         let now = Instant::now();
         let state = self.lock();
         let entry = state
@@ -200,14 +197,15 @@ impl InstanceCache {
     /// call that learned it started in another `generation` than the current one).
     pub(crate) fn put(
         &self,
-        node: &Node,
+        node: &impl NodeRef,
         answer: &InstanceAnswer,
         keep_for: Duration,
         generation: u64,
     ) {
-        let Some(name) = node.metadata.name.as_deref() else {
+        let name = node.node_name();
+        if name.is_empty() {
             return;
-        };
+        }
         if keep_for.is_zero() {
             return;
         }
@@ -235,7 +233,7 @@ impl InstanceCache {
             state.entries.retain(|_, e| e.expires > now);
         }
         let fresh = || Entry {
-            uid: node.metadata.uid.clone(),
+            uid: node.node_uid().map(String::from),
             provider_id: provider_id(node).to_string(),
             exists: None,
             shutdown: None,
@@ -268,6 +266,7 @@ impl InstanceCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
 
     fn node(name: &str, uid: &str, pid: &str) -> Node {
         serde_json::from_value(serde_json::json!({

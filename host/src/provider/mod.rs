@@ -27,7 +27,6 @@ pub mod pool;
 pub(crate) mod throttle;
 
 use std::any::Any;
-use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -48,6 +47,7 @@ use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service}
 use serde::Serialize;
 
 use crate::plugin::{Factory, PluginRegistry, SelectError};
+use crate::runtime::cached_node::NodeRef;
 use crate::runtime::rate_limit::FairLimiter;
 pub use call_metrics::CallMetrics;
 use call_metrics::{CallLabels, CallerLabels, ErrorLabels, InFlight, MethodLabels};
@@ -259,7 +259,7 @@ pub struct HostList {
 
 impl HostList {
     /// Serialise `nodes` (in this order).
-    pub fn new(nodes: &[impl Borrow<Node>]) -> Result<Self, ProviderError> {
+    pub fn new(nodes: &[impl NodeRef]) -> Result<Self, ProviderError> {
         let json = nodes_json(nodes)?;
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         let mut bytes = 0;
@@ -683,7 +683,7 @@ impl Provider {
     /// `InstanceID`, `InstanceExistsByProviderID`, `InstanceShutdownByProviderID`) whose
     /// thread still runs in the plugin although its callers gave up. Asking again would only
     /// wait for that same thread.
-    pub fn open_instance_question(&self, node: &Node) -> Option<&'static str> {
+    pub fn open_instance_question(&self, node: &impl NodeRef) -> Option<&'static str> {
         let generation = self.inner.instance_cache.generation();
         let pool = &self.inner.pool;
         let hung =
@@ -694,15 +694,11 @@ impl Provider {
                 .into_iter()
                 .find(|op| hung(op, &args));
         }
-        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let name = node.node_name();
         if hung("InstanceID", name) {
             return Some("InstanceID");
         }
-        let id = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .unwrap_or_default();
+        let id = node.node_provider_id();
         ["InstanceExistsByProviderID", "InstanceShutdownByProviderID"]
             .into_iter()
             .find(|op| !id.is_empty() && hung(op, id))
@@ -926,7 +922,7 @@ impl Provider {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[impl Borrow<Node>],
+        nodes: &[impl NodeRef],
     ) -> Result<Option<LoadBalancerStatus>, ProviderError> {
         self.ensure_load_balancer_shared(cluster, service, &HostList::new(nodes)?)
             .await
@@ -968,7 +964,7 @@ impl Provider {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[impl Borrow<Node>],
+        nodes: &[impl NodeRef],
     ) -> Result<(), ProviderError> {
         self.update_load_balancer_shared(cluster, service, &HostList::new(nodes)?)
             .await
@@ -1192,7 +1188,7 @@ impl Provider {
     // ---- InstancesV2 -----------------------------------------------------------------------
 
     /// `InstanceExists`.
-    pub async fn instance_exists(&self, node: &Node) -> Result<bool, ProviderError> {
+    pub async fn instance_exists(&self, node: &impl NodeRef) -> Result<bool, ProviderError> {
         let key = read_key(node);
         let (i, node) = (self.v2()?, to_json("Node", node)?);
         self.read_call("InstanceExists", key, move |ctx| {
@@ -1202,7 +1198,7 @@ impl Provider {
     }
 
     /// `InstanceShutdown`.
-    pub async fn instance_shutdown(&self, node: &Node) -> Result<bool, ProviderError> {
+    pub async fn instance_shutdown(&self, node: &impl NodeRef) -> Result<bool, ProviderError> {
         let key = read_key(node);
         let (i, node) = (self.v2()?, to_json("Node", node)?);
         self.read_call("InstanceShutdown", key, move |ctx| {
@@ -1214,7 +1210,7 @@ impl Provider {
     /// `InstanceMetadata`: `None` is upstream's `(nil, nil)`.
     pub async fn instance_metadata(
         &self,
-        node: &Node,
+        node: &impl NodeRef,
     ) -> Result<Option<InstanceMetadata>, ProviderError> {
         let key = read_key(node);
         let (i, node) = (self.v2()?, to_json("Node", node)?);
@@ -1356,12 +1352,12 @@ fn read_key<T: Serialize>(value: &T) -> String {
 /// Each node is written into one reused buffer and copied into a string of exactly its length:
 /// serialising into a fresh string leaves it with up to twice the capacity it needs, which for
 /// thousands of hosts doubled the memory of every call (see BENCHMARKS.md, "Memory").
-fn nodes_json(nodes: &[impl Borrow<Node>]) -> Result<Vec<RString>, ProviderError> {
+fn nodes_json(nodes: &[impl NodeRef]) -> Result<Vec<RString>, ProviderError> {
     let mut buf = Vec::with_capacity(4096);
     let mut out = Vec::with_capacity(nodes.len());
     for n in nodes {
         buf.clear();
-        serde_json::to_writer(&mut buf, n.borrow()).map_err(|e| {
+        serde_json::to_writer(&mut buf, n).map_err(|e| {
             ProviderError::other(format!("cannot serialise Node for the provider: {e}"))
         })?;
         // serde_json writes valid UTF-8.

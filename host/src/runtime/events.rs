@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Service};
+
+use crate::runtime::cached_node::NodeRef;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -36,12 +38,12 @@ impl EventType {
 }
 
 /// The object reference upstream uses for a Node event (apiVersion `v1`, kind `Node`, no namespace).
-pub fn node_ref(node: &Node) -> ObjectReference {
+pub fn node_ref(node: &impl NodeRef) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
-        name: node.metadata.name.clone(),
-        uid: node.metadata.uid.clone(),
+        name: Some(node.node_name().to_string()).filter(|n| !n.is_empty()),
+        uid: node.node_uid().map(String::from),
         ..Default::default()
     }
 }

@@ -10,7 +10,8 @@
 //! events by reference and clones every object into its map: with thousands of nodes that
 //! doubled the allocations of every list and left the heap fragmented (see BENCHMARKS.md,
 //! "Memory"). Here the decoded object is trimmed and moved into its `Arc`, which the cache and
-//! the change sent to subscribers share.
+//! the change sent to subscribers share. What is cached is a [`Cache`] type: the object itself
+//! (services), or a compact form of it (nodes: [`crate::runtime::cached_node::CachedNode`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -38,6 +39,38 @@ pub enum Change<K> {
     },
     /// An object is gone (last known version).
     Deleted(Arc<K>),
+}
+
+/// What a shared informer caches for one watched kind: the object itself (services) or a
+/// compact form of it ([`crate::runtime::cached_node::CachedNode`] for nodes).
+pub trait Cache: Clone + Debug + Send + Sync + Sized + 'static {
+    /// The watched API object.
+    type Object: Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static;
+    /// The cached form of a (trimmed) object.
+    fn from_object(obj: Self::Object) -> Self;
+    /// The object back (used only where a view must re-apply its parent's [`Trim`]).
+    fn to_object(&self) -> Self::Object;
+    /// The cache key ([`cache_key`] of the object).
+    fn key(&self) -> String;
+}
+
+impl Cache for k8s_openapi::api::core::v1::Service {
+    type Object = Self;
+    fn from_object(obj: Self) -> Self {
+        obj
+    }
+    fn to_object(&self) -> Self {
+        self.clone()
+    }
+    fn key(&self) -> String {
+        cache_key(self)
+    }
 }
 
 /// Upstream's cache key (`MetaNamespaceKeyFunc`): `namespace/name`, or `name` for a
@@ -109,7 +142,7 @@ impl<K> Store<K> {
 }
 
 /// A shared, cached watch of one resource kind.
-pub struct SharedInformer<K> {
+pub struct SharedInformer<K: Cache> {
     store: Store<K>,
     changes: broadcast::Sender<Change<K>>,
     synced: watch::Receiver<bool>,
@@ -118,7 +151,7 @@ pub struct SharedInformer<K> {
     trim: Trim<K>,
 }
 
-impl<K> Clone for SharedInformer<K> {
+impl<K: Cache> Clone for SharedInformer<K> {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
@@ -136,7 +169,7 @@ impl<K> Clone for SharedInformer<K> {
 /// object changes into one that is not kept, subscribers get `Change::Updated` with the new
 /// version (which is then dropped from the cache), so they can act on the transition; its
 /// later deletion sends nothing.
-pub type Trim<K> = fn(&mut K) -> bool;
+pub type Trim<K> = fn(&mut <K as Cache>::Object) -> bool;
 
 /// How many changes a slow subscriber may fall behind before it must resync from the store.
 ///
@@ -168,15 +201,12 @@ impl<K> Relist<K> {
     }
 }
 
-impl<K> SharedInformer<K>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-{
+impl<K: Cache> SharedInformer<K> {
     /// Start watching with `api`; the watch runs until `stop` is cancelled. `trim` is applied
     /// to every object before it is cached or sent as a change, and decides which objects are
     /// cached ([`Trim`]).
     pub fn start(
-        api: Api<K>,
+        api: Api<K::Object>,
         config: watcher::Config,
         trim: Trim<K>,
         stop: CancellationToken,
@@ -199,7 +229,7 @@ where
                     Ok(ev) => ev,
                     Err(e) => {
                         // The backoff wrapper retries; log and continue.
-                        tracing::warn!(kind = %K::kind(&()), "watch error: {e}");
+                        tracing::warn!(kind = %K::Object::kind(&()), "watch error: {e}");
                         continue;
                     }
                 };
@@ -207,7 +237,7 @@ where
                     Event::Apply(mut obj) => {
                         let keep = trim(&mut obj);
                         let key = cache_key(&obj);
-                        let new = Arc::new(obj);
+                        let new = Arc::new(K::from_object(obj));
                         let change = if keep {
                             match cache.insert(key, new.clone()) {
                                 Some(old) => Change::Updated { old, new },
@@ -234,7 +264,7 @@ where
                         let keep = trim(&mut obj);
                         let key = cache_key(&obj);
                         let old = cache.get(&key);
-                        let new = Arc::new(obj);
+                        let new = Arc::new(K::from_object(obj));
                         if keep {
                             relist.changes.push((old, new.clone()));
                             relist.fresh.insert(key, new);
@@ -272,7 +302,7 @@ where
                     }
                 }
             }
-            tracing::debug!(kind = %K::kind(&()), "shared watch stopped");
+            tracing::debug!(kind = %K::Object::kind(&()), "shared watch stopped");
         });
         Self {
             store,
@@ -286,10 +316,7 @@ where
 /// What a [`SharedInformer::view`] keeps of its parent's objects.
 pub type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
-impl<K> SharedInformer<K>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-{
+impl<K: Cache> SharedInformer<K> {
     /// A view of this informer holding only the objects `keep` accepts, with the same API: its
     /// own cache and changes, fed from this informer's (no second watch; the objects are
     /// shared). An object that stops being kept is `Deleted` from the view, one that starts
@@ -336,7 +363,7 @@ where
                 };
                 match change {
                     Ok(Change::Added(new) | Change::Updated { new, .. }) => {
-                        let key = cache_key(new.as_ref());
+                        let key = new.key();
                         let new = match parent.store().get(&key) {
                             // The parent's current version, not the change's: a change sent
                             // between the subscription and the first fill is older than
@@ -345,7 +372,7 @@ where
                             // An update to a version the parent does not cache (its trim's
                             // "leaving" update): the view passes the same on and drops it
                             // too.
-                            None if !(parent.trim)(&mut (*new).clone()) => {
+                            None if !(parent.trim)(&mut new.to_object()) => {
                                 if let Some(old) = cache.remove(&key) {
                                     let _ = tx.send(Change::Updated { old, new });
                                 }
@@ -372,7 +399,7 @@ where
                         let _ = tx.send(change);
                     }
                     Ok(Change::Deleted(old)) => {
-                        if let Some(old) = cache.remove(&cache_key(old.as_ref())) {
+                        if let Some(old) = cache.remove(&old.key()) {
                             let _ = tx.send(Change::Deleted(old));
                         }
                     }
@@ -393,7 +420,7 @@ where
 }
 
 /// Bring a view's cache to what `keep` accepts of `parent`'s, sending the differences.
-fn resync<K: Resource>(
+fn resync<K: Cache>(
     parent: &SharedInformer<K>,
     cache: &Store<K>,
     tx: &broadcast::Sender<Change<K>>,
@@ -403,7 +430,7 @@ fn resync<K: Resource>(
         .list()
         .into_iter()
         .filter(|o| keep(o))
-        .map(|o| (cache_key(o.as_ref()), o))
+        .map(|o| (o.key(), o))
         .collect();
     let sends: Vec<Change<K>> = {
         let before = cache.read();
@@ -432,7 +459,7 @@ fn resync<K: Resource>(
     }
 }
 
-impl<K> SharedInformer<K> {
+impl<K: Cache> SharedInformer<K> {
     /// The cache (upstream's lister).
     pub fn store(&self) -> &Store<K> {
         &self.store
@@ -463,12 +490,13 @@ impl<K> SharedInformer<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::cached_node::CachedNode;
     use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
     use std::time::Duration;
 
     /// A parent informer fed by hand: its store and changes are what the test says, in the
     /// order a real watch can produce them.
-    fn parent<K: Resource + Clone>(trim: Trim<K>) -> (SharedInformer<K>, watch::Sender<bool>) {
+    fn parent<K: Cache>(trim: Trim<K>) -> (SharedInformer<K>, watch::Sender<bool>) {
         let (changes, _) = broadcast::channel(CHANGE_BUFFER);
         let (synced_tx, synced) = watch::channel(false);
         let informer = SharedInformer {
@@ -480,11 +508,11 @@ mod tests {
         (informer, synced_tx)
     }
 
-    fn node(name: &str, version: &str) -> Arc<Node> {
+    fn node(name: &str, version: &str) -> Arc<CachedNode> {
         let mut n = Node::default();
         n.metadata.name = Some(name.into());
         n.metadata.resource_version = Some(version.into());
-        Arc::new(n)
+        Arc::new(n.into())
     }
 
     async fn next<K: Clone>(rx: &mut broadcast::Receiver<Change<K>>) -> Change<K> {
@@ -494,8 +522,9 @@ mod tests {
             .expect("the channel is open")
     }
 
-    fn version<K: Resource>(obj: &K) -> &str {
-        obj.meta().resource_version.as_deref().unwrap_or_default()
+    fn version<K: Cache>(obj: &K) -> String {
+        let obj = obj.to_object();
+        obj.meta().resource_version.clone().unwrap_or_default()
     }
 
     /// The view reads an update after the parent has already deleted the object (the parent's
@@ -504,11 +533,11 @@ mod tests {
     /// load balancer kept a deleted node as a host: found by tests/hybrid.rs.)
     #[tokio::test]
     async fn a_view_passes_on_a_deletion_the_parent_made_before_the_view_read_its_update() {
-        let (parent, synced) = parent::<Node>(|_| true);
+        let (parent, synced) = parent::<CachedNode>(|_| true);
         let v1 = node("n", "1");
         parent.store.insert("n".into(), v1.clone());
         synced.send_replace(true);
-        let view = parent.view(Arc::new(|_: &Node| true), CancellationToken::new());
+        let view = parent.view(Arc::new(|_: &CachedNode| true), CancellationToken::new());
         let mut rx = view.subscribe();
         assert!(view.wait_synced().await);
         assert!(matches!(next(&mut rx).await, Change::Added(n) if version(&*n) == "1"));

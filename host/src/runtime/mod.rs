@@ -5,6 +5,7 @@
 //! Nothing here knows about providers or plugins except [`crash`] (which names the plugin a fatal
 //! signal came from) and [`ownership`] (which of the active providers owns a Node).
 
+pub mod cached_node;
 pub mod crash;
 pub mod duration;
 pub mod events;
@@ -18,6 +19,7 @@ pub(crate) mod rate_limit;
 pub mod well_known;
 pub(crate) mod workqueue;
 
+pub use cached_node::{CachedNode, NodeRef};
 pub use events::{EventRecorder, EventType};
-pub use informer::{Change, SharedInformer, Store};
+pub use informer::{Cache, Change, SharedInformer, Store};
 pub use workqueue::WorkQueue;

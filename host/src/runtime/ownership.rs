@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::runtime::cached_node::CachedNode;
 
 /// The KEP-5778 node label naming a node's platform (e.g. `aws`).
 pub const PLATFORM_LABEL: &str = "topology.kubernetes.io/platform";
@@ -179,27 +179,16 @@ impl Ownership {
     }
 
     /// Who owns `node` (see the module comment).
-    pub fn owner(&self, node: &Node) -> Owner {
-        let provider_id = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .unwrap_or_default();
+    pub fn owner(&self, node: &CachedNode) -> Owner {
+        let provider_id = node.provider_id().unwrap_or_default();
         if !provider_id.is_empty() {
             return self
                 .owner_of_provider_id(provider_id)
                 .map_or(Owner::Foreign, Owner::Provider);
         }
-        let meta = &node.metadata;
-        let declared = meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(PLATFORM_LABEL))
-            .or_else(|| {
-                meta.annotations
-                    .as_ref()
-                    .and_then(|a| a.get(PLATFORM_ANNOTATION))
-            })
+        let declared = node
+            .label(PLATFORM_LABEL)
+            .or_else(|| node.annotation(PLATFORM_ANNOTATION))
             .filter(|v| !v.trim().is_empty());
         match declared {
             Some(value) => self
@@ -212,29 +201,17 @@ impl Ownership {
     /// The provider a node without a providerID names itself by its own label or annotation,
     /// and which of the two (`label topology.kubernetes.io/platform=aws`): `None` when the node
     /// has a providerID, names no platform, or a platform no provider owns.
-    pub fn declared_owner(&self, node: &Node) -> Option<(usize, String)> {
-        let has_provider_id = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .is_some_and(|p| !p.is_empty());
+    pub fn declared_owner(&self, node: &CachedNode) -> Option<(usize, String)> {
+        let has_provider_id = node.provider_id().is_some_and(|p| !p.is_empty());
         if has_provider_id {
             return None;
         }
-        let meta = &node.metadata;
-        let (kind, key, value) = match meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(PLATFORM_LABEL))
-            .filter(|v| !v.trim().is_empty())
-        {
+        let (kind, key, value) = match node.label(PLATFORM_LABEL).filter(|v| !v.trim().is_empty()) {
             Some(v) => ("label", PLATFORM_LABEL, v),
             None => (
                 "annotation",
                 PLATFORM_ANNOTATION,
-                meta.annotations
-                    .as_ref()
-                    .and_then(|a| a.get(PLATFORM_ANNOTATION))
+                node.annotation(PLATFORM_ANNOTATION)
                     .filter(|v| !v.trim().is_empty())?,
             ),
         };
@@ -243,7 +220,7 @@ impl Ownership {
     }
 
     /// Does provider `index` handle `node`? Everything when ownership is not enforced.
-    pub fn handles(&self, index: usize, node: &Node) -> bool {
+    pub fn handles(&self, index: usize, node: &CachedNode) -> bool {
         !self.inner.enforced || self.owner(node) == Owner::Provider(index)
     }
 }
@@ -253,7 +230,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(provider_id: Option<&str>, label: Option<&str>, annotation: Option<&str>) -> Node {
+    fn node(
+        provider_id: Option<&str>,
+        label: Option<&str>,
+        annotation: Option<&str>,
+    ) -> CachedNode {
         let mut v = json!({"metadata": {"name": "n"}, "spec": {}});
         if let Some(p) = provider_id {
             v["spec"]["providerID"] = json!(p);
@@ -264,7 +245,9 @@ mod tests {
         if let Some(a) = annotation {
             v["metadata"]["annotations"] = json!({ PLATFORM_ANNOTATION: a });
         }
-        serde_json::from_value(v).unwrap()
+        serde_json::from_value::<k8s_openapi::api::core::v1::Node>(v)
+            .unwrap()
+            .into()
     }
 
     fn two() -> Ownership {

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, Service, Taint};
+
+use crate::runtime::cached_node::CachedNode;
 use kube::api::{GetParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
@@ -143,19 +145,18 @@ pub async fn add_node_taint(
 /// (the caller's cached copy) has no such taint. Returns whether the node was patched.
 pub async fn remove_node_taint(
     client: &Client,
-    node: &Node,
+    node: &CachedNode,
     key: &str,
     effect: &str,
 ) -> Result<bool, kube::Error> {
     let has = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| same_key_effect(t, key, effect)));
+        .taints()
+        .iter()
+        .any(|t| same_key_effect(t, key, effect));
     if !has {
         return Ok(false);
     }
-    let name = node.metadata.name.clone().unwrap_or_default();
+    let name = node.name().to_string();
     update_taints(client, &name, |current| {
         if !current.iter().any(|t| same_key_effect(t, key, effect)) {
             return None;

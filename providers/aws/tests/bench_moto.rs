@@ -69,12 +69,7 @@ async fn aws_node_init() {
             .list()
             .iter()
             .filter(|node| {
-                node.spec.as_ref().is_some_and(|s| {
-                    s.provider_id.is_some()
-                        && s.taints
-                            .as_ref()
-                            .is_none_or(|t| t.iter().all(|t| t.key != UNINITIALIZED))
-                })
+                node.provider_id().is_some() && node.taints().iter().all(|t| t.key != UNINITIALIZED)
             })
             .count();
         (done == n).then_some(())

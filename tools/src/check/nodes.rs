@@ -20,6 +20,7 @@ use ccm_host::runtime::well_known::{
     REGION_BETA_LABEL, REGION_LABEL, SHUTDOWN_TAINT, UNINITIALIZED_TAINT, ZONE_BETA_LABEL,
     ZONE_LABEL,
 };
+use ccm_host::runtime::CachedNode;
 
 /// `1 node`, `2 nodes`.
 pub(super) fn count(n: usize, what: &str) -> String {
@@ -215,7 +216,7 @@ impl Suite {
             }
             Ok(Some(md)) => md,
         };
-        let mods = match node::node_modifications(&node, &md) {
+        let mods = match node::node_modifications(&CachedNode::from(node.clone()), &md) {
             Err(e) => return e,
             Ok(m) => m,
         };
@@ -939,8 +940,10 @@ impl Suite {
                 // the node controller may still be writing).
                 let ok = names.iter().all(|n| {
                     let cached = self.ctx.nodes.store().get(n);
-                    cached.map(|c| c.metadata.resource_version.clone())
-                        == self.stored_node(n).map(|s| s.metadata.resource_version)
+                    cached.and_then(|c| c.resource_version().map(String::from))
+                        == self
+                            .stored_node(n)
+                            .and_then(|s| s.metadata.resource_version)
                 });
                 async move { ok.then_some(()) }
             })

@@ -47,6 +47,7 @@ use ccm_host::daemon::{RunArgs, RunSettings};
 use ccm_host::plugin::{LoaderOptions, PluginRegistry};
 use ccm_host::provider::{Provider, ProviderOptions};
 use ccm_host::runtime::ownership::{Owner, Ownership};
+use ccm_host::runtime::CachedNode;
 use observe::{Expectations, ExpectedOwner, Observation, Progress, ProviderExpectations};
 use report::{CloudSource, ProviderInfo, ReportInput};
 use scene::{Scenario, Scene, SceneCloudConfig, SceneContext};
@@ -1465,7 +1466,7 @@ fn expectations(
                 format!("platform {key}={value}")
             }
         };
-        node_owners.push(match ownership.owner(&Scene::node_object(sn)) {
+        node_owners.push(match ownership.owner(&CachedNode::from(Scene::node_object(sn))) {
             Owner::Provider(k) => {
                 if let Some(c) = sn.cloud.filter(|c| *c != k) {
                     problems.push(format!(

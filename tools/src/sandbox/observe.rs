@@ -13,6 +13,7 @@ use ccm_host::runtime::ownership::{Owner, Ownership};
 use ccm_host::runtime::well_known::{
     LB_PROVIDER_ANNOTATION, NETWORK_UNAVAILABLE_CONDITION, UNINITIALIZED_TAINT,
 };
+use ccm_host::runtime::CachedNode;
 
 /// What one provider's controllers are expected to do, from the enabled controllers, the flags
 /// and the provider's capabilities; each `Err` says why a part is not expected.
@@ -92,7 +93,7 @@ impl Expectations {
         if !self.ownership.enforced() {
             return self.providers[0].name.clone();
         }
-        match self.ownership.owner(node) {
+        match self.ownership.owner(&CachedNode::from(node.clone())) {
             Owner::Provider(i) => self.providers[i].name.clone(),
             Owner::Foreign => "foreign".into(),
             Owner::Unclaimed => "unclaimed".into(),
@@ -527,7 +528,7 @@ pub fn evaluate(scene: &Scene, exp: &Expectations, obs: &Observation) -> Progres
         };
         // With ownership enforced the node must be the expected provider's.
         let actual = if exp.ownership.enforced() {
-            exp.ownership.owner(node)
+            exp.ownership.owner(&CachedNode::from((*node).clone()))
         } else {
             Owner::Provider(owner)
         };

@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use ccm_provider_abi::{ErrorKind, ProviderError};
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service};
 use kube::Api;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
@@ -80,6 +80,7 @@ use crate::runtime::well_known::{
     LB_PROVIDER_CONDITION_REASON,
 };
 use crate::runtime::workqueue::WorkQueue;
+use crate::runtime::CachedNode;
 use ccm_provider_abi::ext_v1_2::{ExtCapabilitiesV1_2, LAST_FULL, NO_BASE};
 
 pub use predicates::ClassPolicy;
@@ -402,7 +403,7 @@ impl ServiceController {
         }
     }
 
-    fn on_node_change(&self, change: &Change<Node>) {
+    fn on_node_change(&self, change: &Change<CachedNode>) {
         match change {
             Change::Added(_) | Change::Deleted(_) => self.queue_node_sync(),
             Change::Updated { old, new } => {
@@ -1184,7 +1185,7 @@ impl ServiceController {
         svc: &Service,
         change: &HostsUpdate<'_>,
     ) -> Result<(), ProviderError> {
-        let hosts: &[Arc<Node>] = change.hosts;
+        let hosts: &[Arc<CachedNode>] = change.hosts;
         let err = match self.push_hosts(svc, change).await {
             Ok(()) => {
                 if hosts.is_empty() {
@@ -1248,7 +1249,7 @@ struct NodeSyncRound {
 
 impl NodeSyncRound {
     /// The round's host set serialised once for every full call of the round.
-    fn full(&self, hosts: &[Arc<Node>]) -> Result<HostList, ProviderError> {
+    fn full(&self, hosts: &[Arc<CachedNode>]) -> Result<HostList, ProviderError> {
         self.full.get_or_init(|| HostList::new(hosts)).clone()
     }
 }

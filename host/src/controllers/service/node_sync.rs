@@ -33,22 +33,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::predicates::stable_node_set;
 use crate::provider::HostList;
+use crate::runtime::cached_node::{intern, Str};
+use crate::runtime::CachedNode;
 
 /// A host set of one listing: the nodes, sorted by name.
-pub type HostSet = Arc<Vec<Arc<Node>>>;
+pub type HostSet = Arc<Vec<Arc<CachedNode>>>;
 
-/// A host as a stored set remembers it: what upstream's `nodesSufficientlyEqual` compares.
+/// A host as a stored set remembers it: what upstream's `nodesSufficientlyEqual` compares (the
+/// cached node's own strings, shared).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostKey {
-    name: Box<str>,
-    provider_id: Box<str>,
+    name: Str,
+    provider_id: Str,
 }
 
 impl HostKey {
-    fn of(n: &Node) -> Self {
+    fn of(n: &CachedNode) -> Self {
         Self {
-            name: name(n).into(),
-            provider_id: provider_id(n).into(),
+            name: n.name_str().cloned().unwrap_or_else(|| intern("")),
+            provider_id: n.provider_id_str().cloned().unwrap_or_else(|| intern("")),
         }
     }
 
@@ -59,8 +62,8 @@ impl HostKey {
 
     /// A node carrying only the key: how a removed host that the cache no longer holds in this
     /// form travels to the plugin.
-    fn stub(&self) -> Node {
-        Node {
+    fn stub(&self) -> CachedNode {
+        CachedNode::from(Node {
             metadata: ObjectMeta {
                 name: Some(self.name.to_string()),
                 ..Default::default()
@@ -70,7 +73,7 @@ impl HostKey {
                 ..Default::default()
             }),
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -94,9 +97,9 @@ pub type LastSynced = HashMap<String, Stored>;
 #[derive(Debug, Default)]
 pub struct HostDelta {
     /// Hosts of the stored set that left (or whose providerID changed: the old form).
-    pub removed: Vec<Arc<Node>>,
+    pub removed: Vec<Arc<CachedNode>>,
     /// Hosts of the fresh set that joined (or whose providerID changed: the new form).
-    pub added: Vec<Arc<Node>>,
+    pub added: Vec<Arc<CachedNode>>,
     lists: OnceLock<Result<(HostList, HostList), ProviderError>>,
 }
 
@@ -114,15 +117,12 @@ impl HostDelta {
     }
 }
 
-fn name(n: &Node) -> &str {
-    n.metadata.name.as_deref().unwrap_or_default()
+fn name(n: &CachedNode) -> &str {
+    n.name()
 }
 
-fn provider_id(n: &Node) -> &str {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .unwrap_or_default()
+fn provider_id(n: &CachedNode) -> &str {
+    n.provider_id().unwrap_or_default()
 }
 
 /// One node listing, made once and shared by every service that uses it (a node sync's round,
@@ -131,7 +131,7 @@ fn provider_id(n: &Node) -> &str {
 pub struct Round {
     listing: u64,
     /// Every listed node, sorted by name (removed hosts are looked up here).
-    all: Vec<Arc<Node>>,
+    all: Vec<Arc<CachedNode>>,
     hosts: HostSet,
     keys: HostKeys,
     /// Deltas by the address of the stored set they start from (the set is kept alive with it,
@@ -143,9 +143,9 @@ impl Round {
     /// A round over the listed nodes, the controller's listing number `listing`. When its keys
     /// equal `latest` (the controller's most recent set), the round uses that `Arc`, so that
     /// equal stored sets stay one.
-    pub fn new(mut listed: Vec<Arc<Node>>, listing: u64, latest: Option<&HostKeys>) -> Self {
+    pub fn new(mut listed: Vec<Arc<CachedNode>>, listing: u64, latest: Option<&HostKeys>) -> Self {
         listed.sort_unstable_by(|a, b| name(a).cmp(name(b)));
-        let hosts: Vec<Arc<Node>> = listed
+        let hosts: Vec<Arc<CachedNode>> = listed
             .iter()
             .filter(|n| stable_node_set(n))
             .cloned()
@@ -229,7 +229,7 @@ impl Round {
 
     /// A removed host for the plugin: the listed node when it still has the stored providerID,
     /// else a node carrying only the stored key.
-    fn removed_node(&self, key: &HostKey) -> Arc<Node> {
+    fn removed_node(&self, key: &HostKey) -> Arc<CachedNode> {
         match self.all.binary_search_by(|n| name(n).cmp(key.name())) {
             Ok(i) if provider_id(&self.all[i]) == &*key.provider_id => self.all[i].clone(),
             _ => Arc::new(key.stub()),
@@ -297,8 +297,8 @@ pub fn plan(last: &mut LastSynced, key: &str, round: Result<&Round, String>) -> 
 mod tests {
     use super::*;
 
-    fn node(name: &str, pid: &str) -> Arc<Node> {
-        Arc::new(Node {
+    fn plain(name: &str, pid: &str) -> Node {
+        Node {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 ..Default::default()
@@ -308,11 +308,15 @@ mod tests {
                 ..Default::default()
             }),
             ..Default::default()
-        })
+        }
     }
 
-    fn excluded(name: &str, pid: &str) -> Arc<Node> {
-        let mut n = (*node(name, pid)).clone();
+    fn node(name: &str, pid: &str) -> Arc<CachedNode> {
+        Arc::new(plain(name, pid).into())
+    }
+
+    fn excluded(name: &str, pid: &str) -> Arc<CachedNode> {
+        let mut n = plain(name, pid);
         n.metadata.labels = Some(
             [(
                 crate::runtime::well_known::EXCLUDE_LB_LABEL.to_string(),
@@ -320,11 +324,11 @@ mod tests {
             )]
             .into(),
         );
-        Arc::new(n)
+        Arc::new(n.into())
     }
 
-    fn names(v: &[Arc<Node>]) -> Vec<String> {
-        let mut v: Vec<String> = v.iter().map(|n| n.metadata.name.clone().unwrap()).collect();
+    fn names(v: &[Arc<CachedNode>]) -> Vec<String> {
+        let mut v: Vec<String> = v.iter().map(|n| n.name().to_string()).collect();
         v.sort();
         v
     }
@@ -333,11 +337,11 @@ mod tests {
         v.iter().map(HostKey::name).collect()
     }
 
-    fn set(v: Vec<Arc<Node>>) -> Stored {
+    fn set(v: Vec<Arc<CachedNode>>) -> Stored {
         Round::new(v, 0, None).stored()
     }
 
-    fn round(v: Vec<Arc<Node>>) -> Round {
+    fn round(v: Vec<Arc<CachedNode>>) -> Round {
         Round::new(v, 1, None)
     }
 
@@ -404,10 +408,7 @@ mod tests {
         assert_eq!(names(&delta.removed), ["n2"]);
         assert_eq!(*delta.removed[0], *node("n2", "p2"));
         assert_eq!(names(&delta.added), ["n2"]);
-        assert_eq!(
-            delta.added[0].spec.as_ref().unwrap().provider_id.as_deref(),
-            Some("changed")
-        );
+        assert_eq!(delta.added[0].provider_id(), Some("changed"));
         let NodeSyncPlan::Update {
             delta: Some(delta), ..
         } = plan(

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    LoadBalancerIngress, LoadBalancerStatus, Node, PortStatus, Service, ServicePort,
+    LoadBalancerIngress, LoadBalancerStatus, PortStatus, Service, ServicePort,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -15,6 +15,7 @@ use crate::controllers::ControllerConfig;
 use crate::runtime::well_known::{
     EXCLUDE_LB_LABEL, LB_CLEANUP_FINALIZER, READY_CONDITION, TO_BE_DELETED_TAINT,
 };
+use crate::runtime::{CachedNode, NodeRef};
 
 /// At most this many node names appear in an `UpdateLoadBalancerFailed` event.
 pub const MAX_NODE_NAMES_TO_LOG: usize = 20;
@@ -185,92 +186,67 @@ pub fn parse_go_bool(v: &str) -> Option<bool> {
 
 /// Upstream `nodeIncludedPredicate`: a node is excluded when the exclusion label is present and
 /// its value is not a Go boolean or is true.
-pub fn node_included(node: &Node) -> bool {
-    match node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(EXCLUDE_LB_LABEL))
-    {
+pub fn node_included(node: &CachedNode) -> bool {
+    match node.label(EXCLUDE_LB_LABEL) {
         None => true,
         Some(v) => parse_go_bool(v) == Some(false),
     }
 }
 
 /// Upstream `nodeUnTaintedPredicate`: no `ToBeDeletedByClusterAutoscaler` taint.
-pub fn node_untainted(node: &Node) -> bool {
-    !node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == TO_BE_DELETED_TAINT))
+pub fn node_untainted(node: &CachedNode) -> bool {
+    !node.taints().iter().any(|t| t.key == TO_BE_DELETED_TAINT)
 }
 
 /// Upstream `nodeReadyPredicate` (part of `allNodePredicates`, not of LB host sets).
-pub fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == READY_CONDITION))
+pub fn node_ready(node: &CachedNode) -> bool {
+    node.condition(READY_CONDITION)
         .is_some_and(|c| c.status == "True")
 }
 
 /// Upstream `nodeNotDeletedPredicate`.
-pub fn node_not_deleted(node: &Node) -> bool {
-    node.metadata.deletion_timestamp.is_none()
+pub fn node_not_deleted(node: &CachedNode) -> bool {
+    node.deletion_timestamp().is_none()
 }
 
 /// Upstream `stableNodeSetPredicates`: every LB host list is filtered with these.
-pub fn stable_node_set(node: &Node) -> bool {
+pub fn stable_node_set(node: &CachedNode) -> bool {
     node_not_deleted(node) && node_included(node) && node_untainted(node)
 }
 
 /// Upstream `allNodePredicates` (included, untainted, Ready); kept for parity, unused for hosts.
-pub fn all_node_predicates(node: &Node) -> bool {
+pub fn all_node_predicates(node: &CachedNode) -> bool {
     node_included(node) && node_untainted(node) && node_ready(node)
 }
 
 /// Upstream `shouldSyncUpdatedNode`: only an exclusion flip or a providerID change.
-pub fn should_sync_updated_node(old: &Node, new: &Node) -> bool {
+pub fn should_sync_updated_node(old: &CachedNode, new: &CachedNode) -> bool {
     if node_included(old) != node_included(new) {
         return true;
     }
-    let pid = |n: &Node| {
-        n.spec
-            .as_ref()
-            .and_then(|s| s.provider_id.clone())
-            .unwrap_or_default()
-    };
+    let pid = |n: &CachedNode| n.provider_id().unwrap_or_default().to_string();
     pid(old) != pid(new)
 }
 
 /// Upstream `nodesSufficientlyEqual`: same size and same name -> providerID mapping.
-pub fn nodes_sufficiently_equal(old: &[Arc<Node>], new: &[Arc<Node>]) -> bool {
+pub fn nodes_sufficiently_equal(old: &[Arc<CachedNode>], new: &[Arc<CachedNode>]) -> bool {
     if old.len() != new.len() {
         return false;
     }
-    let distill = |nodes: &[Arc<Node>]| {
+    fn distill(nodes: &[Arc<CachedNode>]) -> std::collections::BTreeMap<&str, &str> {
         nodes
             .iter()
-            .map(|n| {
-                (
-                    n.metadata.name.clone().unwrap_or_default(),
-                    n.spec
-                        .as_ref()
-                        .and_then(|s| s.provider_id.clone())
-                        .unwrap_or_default(),
-                )
-            })
-            .collect::<std::collections::BTreeMap<_, _>>()
-    };
+            .map(|n| (n.name(), n.provider_id().unwrap_or_default()))
+            .collect()
+    }
     distill(old) == distill(new)
 }
 
 /// Upstream `loggableNodeNames`: the sorted names of the first 20 nodes, then `<K more>`.
-pub fn loggable_node_names<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Vec<String> {
+pub fn loggable_node_names<N: NodeRef>(nodes: &[N]) -> Vec<String> {
     let names = |ns: &[N]| -> Vec<String> {
         ns.iter()
-            .map(|n| n.borrow().metadata.name.clone().unwrap_or_default())
+            .map(|n| n.node_name().to_string())
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect()
@@ -290,10 +266,7 @@ pub fn go_string_list(items: &[String]) -> String {
 }
 
 /// The `UpdateLoadBalancerFailed` event message.
-pub fn update_failed_message<N: std::borrow::Borrow<Node>>(
-    hosts: &[N],
-    err: &impl std::fmt::Display,
-) -> String {
+pub fn update_failed_message<N: NodeRef>(hosts: &[N], err: &impl std::fmt::Display) -> String {
     format!(
         "Error updating load balancer with new hosts {} [node names limited, total number of nodes: {}], error: {}",
         go_string_list(&loggable_node_names(hosts)),

@@ -317,6 +317,11 @@ fn needs_update_follows_class_routing() {
     assert!(needs_update(&routed, &old, &new));
 }
 
+/// The cache's form of a node.
+fn c(n: &Node) -> CachedNode {
+    CachedNode::from(n.clone())
+}
+
 fn node(name: &str) -> Node {
     Node {
         metadata: ObjectMeta {
@@ -370,23 +375,29 @@ fn go_bool_parsing() {
 #[test]
 fn respects_predicates() {
     // An empty node is not Ready (allNodePredicates), but belongs to the stable host set.
-    assert!(!all_node_predicates(&Node::default()));
-    assert!(stable_node_set(&Node::default()));
-    assert!(all_node_predicates(&node("n")));
+    assert!(!all_node_predicates(&c(&Node::default())));
+    assert!(stable_node_set(&c(&Node::default())));
+    assert!(all_node_predicates(&c(&node("n"))));
     for v in ["", "true", "foo", "1", "T"] {
-        assert!(!node_included(&labelled(v)), "exclude label {v:?} excludes");
-        assert!(!stable_node_set(&labelled(v)));
+        assert!(
+            !node_included(&c(&labelled(v))),
+            "exclude label {v:?} excludes"
+        );
+        assert!(!stable_node_set(&c(&labelled(v))));
     }
     for v in ["false", "0", "f", "F", "FALSE", "False"] {
-        assert!(node_included(&labelled(v)), "exclude label {v:?} includes");
-        assert!(stable_node_set(&labelled(v)));
+        assert!(
+            node_included(&c(&labelled(v))),
+            "exclude label {v:?} includes"
+        );
+        assert!(stable_node_set(&c(&labelled(v))));
     }
-    assert!(!node_untainted(&tainted(TO_BE_DELETED_TAINT)));
-    assert!(!stable_node_set(&tainted(TO_BE_DELETED_TAINT)));
-    assert!(stable_node_set(&tainted("other")));
+    assert!(!node_untainted(&c(&tainted(TO_BE_DELETED_TAINT))));
+    assert!(!stable_node_set(&c(&tainted(TO_BE_DELETED_TAINT))));
+    assert!(stable_node_set(&c(&tainted("other"))));
     let mut deleting = node("n");
     deleting.metadata.deletion_timestamp = Some(now());
-    assert!(!stable_node_set(&deleting));
+    assert!(!stable_node_set(&c(&deleting)));
     // Readiness is not part of the host set.
     let mut not_ready = node("n");
     not_ready
@@ -397,14 +408,14 @@ fn respects_predicates() {
         .as_mut()
         .unwrap()[0]
         .status = "False".into();
-    assert!(stable_node_set(&not_ready));
-    assert!(!all_node_predicates(&not_ready));
+    assert!(stable_node_set(&c(&not_ready)));
+    assert!(!all_node_predicates(&c(&not_ready)));
 }
 
 #[test]
 fn should_sync_updated_node_only_on_exclusion_flip_or_provider_id() {
     let base = node("n");
-    assert!(!should_sync_updated_node(&base, &base.clone()));
+    assert!(!should_sync_updated_node(&c(&base), &c(&base.clone())));
     let mut not_ready = base.clone();
     not_ready
         .status
@@ -414,11 +425,14 @@ fn should_sync_updated_node_only_on_exclusion_flip_or_provider_id() {
         .as_mut()
         .unwrap()[0]
         .status = "False".into();
-    assert!(!should_sync_updated_node(&base, &not_ready), "readiness");
+    assert!(
+        !should_sync_updated_node(&c(&base), &c(&not_ready)),
+        "readiness"
+    );
     let mut other_label = base.clone();
     other_label.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
     assert!(
-        !should_sync_updated_node(&base, &other_label),
+        !should_sync_updated_node(&c(&base), &c(&other_label)),
         "other labels"
     );
     let mut to_be_deleted = base.clone();
@@ -426,50 +440,54 @@ fn should_sync_updated_node_only_on_exclusion_flip_or_provider_id() {
     to_be_deleted.spec.as_mut().unwrap().provider_id =
         base.spec.as_ref().unwrap().provider_id.clone();
     assert!(
-        !should_sync_updated_node(&base, &to_be_deleted),
+        !should_sync_updated_node(&c(&base), &c(&to_be_deleted)),
         "autoscaler taint alone"
     );
     let mut deleting = base.clone();
     deleting.metadata.deletion_timestamp = Some(now());
     assert!(
-        !should_sync_updated_node(&base, &deleting),
+        !should_sync_updated_node(&c(&base), &c(&deleting)),
         "deletionTimestamp alone"
     );
 
     let mut excluded = base.clone();
     excluded.metadata.labels = Some([(EXCLUDE_LB_LABEL.to_string(), "true".to_string())].into());
     assert!(
-        should_sync_updated_node(&base, &excluded),
+        should_sync_updated_node(&c(&base), &c(&excluded)),
         "exclusion added"
     );
     assert!(
-        should_sync_updated_node(&excluded, &base),
+        should_sync_updated_node(&c(&excluded), &c(&base)),
         "exclusion removed"
     );
     let mut still_included = base.clone();
     still_included.metadata.labels =
         Some([(EXCLUDE_LB_LABEL.to_string(), "false".to_string())].into());
     assert!(
-        !should_sync_updated_node(&base, &still_included),
+        !should_sync_updated_node(&c(&base), &c(&still_included)),
         "label present but false"
     );
     let mut excluded_other_value = excluded.clone();
     excluded_other_value.metadata.labels =
         Some([(EXCLUDE_LB_LABEL.to_string(), "".to_string())].into());
     assert!(
-        !should_sync_updated_node(&excluded, &excluded_other_value),
+        !should_sync_updated_node(&c(&excluded), &c(&excluded_other_value)),
         "excluded both ways"
     );
 
     let mut moved = base.clone();
     moved.spec.as_mut().unwrap().provider_id = Some("fake://other".into());
-    assert!(should_sync_updated_node(&base, &moved), "providerID");
+    assert!(
+        should_sync_updated_node(&c(&base), &c(&moved)),
+        "providerID"
+    );
 }
 
 #[test]
 fn nodes_not_equal() {
-    let a =
-        |names: &[&str]| -> Vec<Arc<Node>> { names.iter().map(|n| Arc::new(node(n))).collect() };
+    let a = |names: &[&str]| -> Vec<Arc<CachedNode>> {
+        names.iter().map(|n| Arc::new(c(&node(n)))).collect()
+    };
     assert!(
         nodes_sufficiently_equal(&a(&["n1", "n2"]), &a(&["n2", "n1"])),
         "same set"
@@ -482,13 +500,16 @@ fn nodes_not_equal() {
     let mut moved = node("n2");
     moved.spec.as_mut().unwrap().provider_id = Some("fake://moved".into());
     assert!(
-        !nodes_sufficiently_equal(&a(&["n1", "n2"]), &[Arc::new(node("n1")), Arc::new(moved)]),
+        !nodes_sufficiently_equal(
+            &a(&["n1", "n2"]),
+            &[Arc::new(c(&node("n1"))), Arc::new(c(&moved))]
+        ),
         "providerID"
     );
     // Readiness does not count.
     let mut nr = node("n1");
     nr.status = None;
-    assert!(nodes_sufficiently_equal(&a(&["n1"]), &[Arc::new(nr)]));
+    assert!(nodes_sufficiently_equal(&a(&["n1"]), &[Arc::new(c(&nr))]));
 }
 
 #[test]
