@@ -1,6 +1,7 @@
 //! The host's shared watch (`informer::SharedInformer`) against the in-memory API server: the
 //! changes it sends (with the old and new versions), what its cache keeps under the service
-//! trim, and the differences it sends after a relist forced by 410 Gone.
+//! trim, the differences it sends after a relist forced by 410 Gone, and what the node cache gives
+//! back of a node (its compact form, `runtime::cached_node`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -411,5 +412,110 @@ async fn a_gated_view_syncs_when_its_gate_opens_with_what_changed_meanwhile() {
         [added("mine-meanwhile", "LoadBalancer")]
     );
     assert_eq!(cached(&view), keys(&["mine-meanwhile"]));
+    stop.cancel();
+}
+
+/// A node as kubelets write them: every kind of field the compact cache keeps apart (labels,
+/// annotations, taints, pod CIDRs, conditions, addresses, node info with per-machine IDs, daemon
+/// endpoints, runtime handlers) and ones the trim drops (images, capacity, pressure conditions,
+/// condition messages).
+fn rich_node(name: &str, machine: &str) -> k8s_openapi::api::core::v1::Node {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       "topology.kubernetes.io/zone": "zone-a"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "finalizers": ["example.com/keep"],
+        },
+        "spec": {"providerID": format!("fake://{name}"), "podCIDR": "10.1.0.0/24",
+                 "podCIDRs": ["10.1.0.0/24", "fd00::/64"],
+                 "taints": [{"key": "example.com/t", "value": "v", "effect": "NoSchedule"}]},
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": name}],
+            "capacity": {"cpu": "8", "pods": "110"},
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+                 "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": machine, "systemUUID": machine, "bootID": machine,
+                         "kernelVersion": "6.1.0", "osImage": "Debian GNU/Linux 12", "containerRuntimeVersion": "containerd://1.7",
+                         "kubeletVersion": "v1.35.0", "kubeProxyVersion": "", "operatingSystem": "linux",
+                         "architecture": "amd64"},
+            "runtimeHandlers": [{"name": "runc", "features": {"recursiveReadOnlyMounts": true}}],
+            "images": [{"names": ["registry.example/app:v1"], "sizeBytes": 1000}],
+        },
+    }))
+    .unwrap()
+}
+
+/// The node cache keeps nodes in a compact form (`runtime::cached_node`): what it gives back, as
+/// a `Node` to controllers and as JSON to providers, is the API server's node with only the
+/// documented trims (`cache_trim::node`), after the first list and after an update.
+#[tokio::test]
+async fn cached_nodes_are_the_api_servers_nodes_minus_the_documented_trims() {
+    use ccm_host::runtime::CachedNode;
+    use k8s_openapi::api::core::v1::Node;
+
+    let server = ApiServer::start().await.unwrap();
+    let api: Api<Node> = Api::all(server.client());
+    for (name, machine) in [("n1", "m-1"), ("n2", "m-2")] {
+        api.create(&PostParams::default(), &rich_node(name, machine))
+            .await
+            .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    }
+    let stop = CancellationToken::new();
+    let informer: SharedInformer<CachedNode> = SharedInformer::start(
+        Api::all(server.client()),
+        watcher::Config::default(),
+        cache_trim::node,
+        stop.clone(),
+    );
+    assert!(informer.wait_synced().await);
+    let same_as_api = |name: &'static str| {
+        let (api, informer) = (api.clone(), informer.clone());
+        async move {
+            let mut expect = api.get(name).await.unwrap();
+            assert!(cache_trim::node(&mut expect));
+            let cached = eventually_async(&format!("{name} cached"), WAIT, || {
+                let cached = informer.store().get(name);
+                let rv = expect.metadata.resource_version.clone();
+                async move { cached.filter(|c| c.resource_version() == rv.as_deref()) }
+            })
+            .await;
+            assert_eq!(cached.to_node(), expect, "{name} as a Node");
+            assert_eq!(
+                serde_json::to_value(&*cached).unwrap(),
+                serde_json::to_value(&expect).unwrap(),
+                "{name} as the JSON a provider gets"
+            );
+            cached
+        }
+    };
+    let n1 = same_as_api("n1").await;
+    same_as_api("n2").await;
+    // What the controllers read of it.
+    assert_eq!(n1.label("topology.kubernetes.io/zone"), Some("zone-a"));
+    assert_eq!(n1.provider_id(), Some("fake://n1"));
+    assert_eq!(n1.taints()[0].key, "example.com/t");
+    assert_eq!(n1.conditions().len(), 1, "only Ready is kept");
+    assert_eq!(n1.condition("Ready").unwrap().message, None);
+    assert!(n1.to_node().status.unwrap().images.is_none());
+
+    api.patch(
+        "n1",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "zone-b"}},
+                             "spec": {"taints": []}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let n1 = same_as_api("n1").await;
+    assert_eq!(n1.label("topology.kubernetes.io/zone"), Some("zone-b"));
+    assert!(n1.taints().is_empty());
     stop.cancel();
 }
