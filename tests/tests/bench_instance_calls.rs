@@ -40,6 +40,7 @@ use ccm_host::controllers::node_lifecycle::{self, NodeMonitor};
 use ccm_host::controllers::{ControllerConfig, ControllerContext};
 use ccm_host::provider::ProviderOptions;
 use ccm_host::runtime::kube_clients::KubeClients;
+use ccm_host::runtime::CachedNode;
 use ccm_integration_tests::harness::Harness;
 use ccm_provider_fake::config::FakeConfig;
 use ccm_provider_fake::control::CallRecord;
@@ -91,16 +92,10 @@ fn kubelet_node(name: &str) -> Value {
     })
 }
 
-fn initialised(n: &Node) -> bool {
-    let spec = n.spec.as_ref();
-    spec.and_then(|s| s.taints.as_ref())
-        .is_none_or(|ts| ts.iter().all(|t| t.key != TAINT))
-        && spec
-            .and_then(|s| s.provider_id.as_deref())
-            .is_some_and(|id| !id.is_empty())
-        && n.status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
+fn initialised(n: &CachedNode) -> bool {
+    n.taints().iter().all(|t| t.key != TAINT)
+        && n.provider_id().is_some_and(|id| !id.is_empty())
+        && n.addresses()
             .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"))
 }
 
@@ -188,12 +183,7 @@ async fn seed_and_initialise(h: &Harness, ctx: &ControllerContext, names: &[Stri
     // A bounded wait for the outcome, not a timing assertion.
     let limit = Duration::from_secs(600);
     loop {
-        let done = ctx
-            .nodes
-            .list()
-            .iter()
-            .filter(|n| initialised(&n.to_node()))
-            .count();
+        let done = ctx.nodes.list().iter().filter(|n| initialised(n)).count();
         if done == names.len() {
             return started.elapsed();
         }

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use ccm_host::controllers::{node, ControllerConfig};
 use ccm_host::provider::ProviderOptions;
 use ccm_host::runtime::kube_clients::KubeClients;
+use ccm_host::runtime::CachedNode;
 use ccm_integration_tests::harness::Harness;
 use ccm_provider_fake::config::FakeConfig;
 use k8s_openapi::api::core::v1::Node;
@@ -65,20 +66,11 @@ fn kubelet_node(name: &str) -> Value {
     })
 }
 
-fn initialised(n: &Node) -> bool {
-    let spec = n.spec.as_ref();
-    let untainted = spec
-        .and_then(|s| s.taints.as_ref())
-        .is_none_or(|ts| ts.iter().all(|t| t.key != TAINT));
-    let has_id = spec
-        .and_then(|s| s.provider_id.as_deref())
-        .is_some_and(|id| !id.is_empty());
-    let has_ip = n
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"));
-    untainted && has_id && has_ip
+fn initialised(n: &CachedNode) -> bool {
+    n.taints().iter().all(|t| t.key != TAINT)
+        && n.provider_id().is_some_and(|id| !id.is_empty())
+        && n.addresses()
+            .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"))
 }
 
 fn is_write(r: &RequestRecord) -> bool {
@@ -155,12 +147,7 @@ async fn run_case(case: &Case) {
         + Duration::from_millis(case.latency_ms * case.nodes as u64 * 4 / case.concurrency as u64)
         + Duration::from_millis(case.nodes as u64 * 20 / case.concurrency.min(8) as u64);
     let elapsed = loop {
-        let done = ctx
-            .nodes
-            .list()
-            .iter()
-            .filter(|n| initialised(&n.to_node()))
-            .count();
+        let done = ctx.nodes.list().iter().filter(|n| initialised(n)).count();
         if done == case.nodes {
             break started.elapsed();
         }
@@ -192,7 +179,7 @@ async fn run_case(case: &Case) {
     assert_eq!(stored.len(), case.nodes);
     for n in &stored {
         let node: Node = serde_json::from_value(n.clone()).expect("node decodes");
-        assert!(initialised(&node), "not initialised: {n}");
+        assert!(initialised(&node.clone().into()), "not initialised: {n}");
         let labels = node.metadata.labels.unwrap_or_default();
         assert_eq!(
             labels

@@ -265,7 +265,8 @@ async fn tokens_name_the_set_the_plugin_applied() {
     let mut svc: Service = serde_json::from_value(svc_json("tok")).unwrap();
     svc.metadata.uid = Some("uid-tok".into());
     let (a, b, c) = (node("a"), node("b"), node("c"));
-    let list = |v: &[&Node]| HostList::new(v).unwrap();
+    let list =
+        |v: &[&Node]| HostList::new(&v.iter().map(|n| (*n).clone()).collect::<Vec<_>>()).unwrap();
     let hosts = |h: &Harness| {
         h.cloud()
             .load_balancer("default/tok")

@@ -414,18 +414,6 @@ impl<T: NodeRef> NodeRef for Arc<T> {
     }
 }
 
-impl<T: NodeRef> NodeRef for &T {
-    fn node_name(&self) -> &str {
-        (**self).node_name()
-    }
-    fn node_uid(&self) -> Option<&str> {
-        (**self).node_uid()
-    }
-    fn node_provider_id(&self) -> &str {
-        (**self).node_provider_id()
-    }
-}
-
 impl crate::runtime::informer::Cache for CachedNode {
     type Object = Node;
     fn from_object(node: Node) -> Self {
