@@ -29,7 +29,7 @@
 //!   API before it is treated as deleted.
 //!
 //! What is left of a node is then kept in compact form, [`crate::runtime::cached_node::CachedNode`]
-//! (repeated strings shared between nodes, no k8s-openapi inline struct: ~1.3 KB instead of
+//! (repeated strings shared between nodes, no k8s-openapi inline struct: ~1.7 KB instead of
 //! ~4.5 KB per node, BENCHMARKS.md); it converts back to the same `Node` losslessly.
 //!
 //! Objects handed to providers come from these caches, so a provider never sees the dropped
