@@ -65,7 +65,7 @@ declare -A package=(
     [node_init]=ccm-integration-tests [node_init_budget]=ccm-integration-tests
     [node_init_kube_qps]=ccm-integration-tests
     [load_balancers]=ccm-integration-tests [provider_calls]=ccm-integration-tests
-    [memory]=ccm-host [memory_lb]=ccm-host [instance_calls]=ccm-integration-tests
+    [memory]=ccm-host-cli [memory_lb]=ccm-host-cli [instance_calls]=ccm-integration-tests
     [instance_calls_kube_qps]=ccm-integration-tests
 )
 declare -A target=(
