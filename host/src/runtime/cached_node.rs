@@ -25,7 +25,6 @@
 //! Controllers read the accessors.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
@@ -71,8 +70,9 @@ pub fn intern(s: &str) -> Str {
     new
 }
 
-/// How many strings the table holds (for tests and benchmarks).
-pub fn interned_count() -> usize {
+/// How many strings the table holds.
+#[cfg(test)]
+fn interned_count() -> usize {
     STRINGS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -102,35 +102,9 @@ impl Pairs {
             .map(|i| &*self.0[i].1)
     }
 
-    /// Whether `key` is present.
-    pub fn contains_key(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-
     /// The pairs in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(k, v)| (&**k, &**v))
-    }
-
-    /// How many pairs.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl<'a> FromIterator<(&'a str, &'a str)> for Pairs {
-    fn from_iter<T: IntoIterator<Item = (&'a str, &'a str)>>(iter: T) -> Self {
-        let map: BTreeMap<&str, &str> = iter.into_iter().collect();
-        Self(
-            map.into_iter()
-                .map(|(k, v)| (intern(k), intern(v)))
-                .collect(),
-        )
     }
 }
 
@@ -432,12 +406,6 @@ impl crate::runtime::informer::Cache for CachedNode {
 impl Serialize for CachedNode {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.to_node().serialize(serializer)
-    }
-}
-
-impl fmt::Display for CachedNode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
